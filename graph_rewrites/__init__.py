@@ -1,0 +1,113 @@
+"""Find transformer subgraphs in an exported ONNX model and replace each with one op of ai.ort_triton.
+
+    model, report = graph_rewrites.optimize(model, report=True)
+
+Every op used gets its ONNX function body (from its contract), so the result runs on any ONNX Runtime,
+with or without the ort_triton library.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+
+import onnx
+import onnx_ir as ir
+
+from ort_triton.contract import DOMAIN, DOMAIN_VERSION
+from ort_triton.ops import BY_NAME as OPS
+
+from .registry import RULES, RuleStats, apply_rules, select
+
+__all__ = ["RULES", "Report", "optimize", "op_counts"]
+
+_MIN_IR_VERSION = 8  # model-local functions
+
+
+@dataclasses.dataclass
+class Report:
+    rules: dict[str, RuleStats]
+    ops_before: collections.Counter
+    ops_after: collections.Counter
+
+    def fused(self) -> int:
+        return sum(s.matched for s in self.rules.values())
+
+
+def _graphs(graph: onnx.GraphProto):
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _graphs(attr.g)
+            for g in attr.graphs:
+                yield from _graphs(g)
+
+
+def op_counts(model: onnx.ModelProto) -> collections.Counter:
+    """Op types (domain-qualified where not ai.onnx) over the main graph and its subgraphs."""
+    return collections.Counter((f"{n.domain}." if n.domain not in ("", "ai.onnx") else "") + n.op_type
+                               for g in _graphs(model.graph) for n in g.node)
+
+
+def _load(model) -> onnx.ModelProto:
+    if isinstance(model, onnx.ModelProto):
+        proto = onnx.ModelProto()
+        proto.CopyFrom(model)
+        return proto
+    if isinstance(model, ir.Model):
+        return ir.serde.serialize_model(model)
+    if isinstance(model, (str, os.PathLike)):
+        return onnx.load(os.fspath(model))
+    raise TypeError(f"optimize takes an onnx.ModelProto, an onnx_ir.Model or a path, not {type(model).__name__}")
+
+
+def _finish(proto: onnx.ModelProto) -> None:
+    """Attach one function body per op used, import the domain, and list every output of our nodes with
+    "" for optional ones nobody reads (ORT needs all listed; "" tells the kernel to skip writing them;
+    see ort_triton/contract.py)."""
+    read = {o.name for o in proto.graph.output}
+    for g in _graphs(proto.graph):
+        read.update(i for n in g.node for i in n.input)
+    used = set()
+    for g in _graphs(proto.graph):
+        for node in g.node:
+            if node.domain != DOMAIN:
+                continue
+            contract = OPS[node.op_type]
+            used.add(node.op_type)
+            # onnx_ir drops trailing "" outputs when it reads a model back; ORT needs them all listed
+            node.output.extend([""] * (len(contract.outputs) - len(node.output)))
+            for i, out in enumerate(contract.outputs):
+                if out.optional and i < len(node.output) and node.output[i] not in read:
+                    node.output[i] = ""
+    have = {(f.domain, f.name) for f in proto.functions}
+    for name in sorted(used):
+        if (DOMAIN, name) not in have:
+            proto.functions.append(OPS[name].function_proto())
+    if used and not any(o.domain == DOMAIN for o in proto.opset_import):
+        proto.opset_import.append(onnx.helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
+    if used:
+        proto.ir_version = max(proto.ir_version, _MIN_IR_VERSION)
+
+
+def optimize(model, *, only: list[str] | None = None, disable: list[str] | None = None, report: bool = False):
+    """Fuse what the rules find. Returns a model of the input's type (a path gives an onnx.ModelProto);
+    with report=True, (model, Report). The input is never modified."""
+    rules = select(only, disable)
+    proto = _load(model)
+    before = op_counts(proto)
+    try:  # shapes and types let `check` prove what it needs; a model that defeats inference still rewrites
+        proto = onnx.shape_inference.infer_shapes(proto, data_prop=True)
+    except Exception:  # noqa: BLE001  (onnx raises several types; the rules then refuse with a reason)
+        pass
+    ir_model = ir.serde.deserialize_model(proto)
+    stats = apply_rules(ir_model, rules)
+    out = ir.serde.serialize_model(ir_model)
+    _finish(out)
+    result = ir.serde.deserialize_model(out) if isinstance(model, ir.Model) else out
+    if report:
+        return result, Report(stats, before, op_counts(out))
+    return result
+

@@ -1,0 +1,161 @@
+"""The rule registry: which fusions exist, in which order they run, and what each one did.
+
+Rules run in stages (a later stage matches the ops an earlier one made). Every rule is an onnxscript
+`RewriteRuleClassBase`; a tracer counts, per rule, the candidates whose structure matched (`tried`),
+those rewritten (`matched`) and, for the refused ones, the node and the reason `check` gave. The best
+partial structural match is kept too, for `--explain`.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Callable
+
+import onnx_ir as ir
+from onnxscript.rewriter import pattern
+from onnxscript.rewriter._basics import MatchStatus
+from onnxscript.rewriter._rewrite_rule import RULE_NAME_TAG
+
+from ort_triton.contract import DOMAIN
+
+from . import layer_norm as ln
+
+
+@dataclasses.dataclass(frozen=True)
+class RuleInfo:
+    name: str
+    identity: str  # the one-line meaning, printed beside the counts
+    stage: int
+    make: Callable[[], list[pattern.RewriteRule]]
+    commute: bool = False  # also try every operand order of commutative Add/Mul in the pattern
+
+
+RULES: tuple[RuleInfo, ...] = (
+    RuleInfo("layer_norm", "LayerNormalization(x, g, b) -> LayerNorm", 1,
+             lambda: [ln.LayerNormalizationRule.rule("layer_norm")]),
+    RuleInfo("layer_norm_decomposed", "(x - mean) / sqrt(var + eps) * g + b -> LayerNorm", 1,
+             lambda: [ln.DecomposedLayerNormRule.rule("layer_norm_decomposed", axes_as_input=i, with_beta=True)
+                      for i in (True, False)], commute=True),
+    # After the form with a bias: at the scale Mul it would match first and leave the bias Add behind.
+    RuleInfo("layer_norm_decomposed_no_beta", "(x - mean) / sqrt(var + eps) * g -> LayerNorm", 2,
+             lambda: [ln.DecomposedLayerNormRule.rule("layer_norm_decomposed_no_beta", axes_as_input=i,
+                                                      with_beta=False)
+                      for i in (True, False)], commute=True),
+    RuleInfo("add_layer_norm", "LayerNorm(a + b) -> AddLayerNorm(a, b)", 3,
+             lambda: [ln.AddLayerNormRule.rule("add_layer_norm")]),
+    RuleInfo("add_layer_norm_keep_sum", "LayerNorm(s = a + b), s used -> AddLayerNorm(a, b) -> (y, s)", 3,
+             lambda: [ln.AddLayerNormKeepSumRule.rule("add_layer_norm_keep_sum")]),
+)
+BY_NAME = {r.name: r for r in RULES}
+
+
+@dataclasses.dataclass
+class Refusal:
+    node: str
+    reason: str
+
+
+@dataclasses.dataclass
+class RuleStats:
+    name: str
+    identity: str
+    tried: int = 0  # candidates whose structure matched (traced run)
+    matched: int = 0  # rewrites done (counted on the tagged replacement nodes)
+    refused: list[Refusal] = dataclasses.field(default_factory=list)
+    best_partial: Refusal | None = None  # for --explain: the largest structural match that failed
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _describe(node: ir.Node) -> str:
+    return node.name or f"<{node.op_type} without a name>"
+
+
+def _reason(match) -> str:
+    reason = match.reason or "structure did not match"
+    if _shared(match):
+        reason = "an output of a matched node is also used outside the fused region"
+    culprits = [f"{c.op_type} {_describe(c)}" if isinstance(c, ir.Node) else f"value {c.name}"
+                for c in (match.failure_nodes_and_values or [])]
+    return f"{reason} (at {', '.join(culprits)})" if culprits else reason
+
+
+def _shared(match) -> bool:
+    """The whole structure matched but an inner value is also used outside the match (onnxscript reports
+    it as NO_MATCH with this reason): a refusal worth showing, not a partial match."""
+    return match is not None and "other uses" in (match.reason or "")
+
+
+class StatsTracer:
+    """Implements the `log` hook of onnxscript's MatchingTracer; one RuleStats per RuleInfo."""
+
+    def __init__(self, owners: dict[int, RuleInfo]):
+        self.owners = owners
+        self.stats = {info.name: RuleStats(info.name, info.identity) for info in owners.values()}
+        self._seen: dict[str, dict[str, str]] = {name: {} for name in self.stats}
+        self._partial_score: dict[str, int] = {}
+
+    def log(self, rule, container, node, match_result, status) -> None:
+        name = self.owners[id(rule)].name
+        seen, key = self._seen[name], _describe(node)
+        if status == MatchStatus.SUCCESS:
+            seen[key] = "matched"
+        elif status in (MatchStatus.CONDITION_FAILED, MatchStatus.REPLACEMENT_FAILED) or _shared(match_result):
+            if seen.get(key) != "matched":  # a commuted variant may still match
+                seen[key] = key + "\0" + _reason(match_result)
+        elif match_result is not None:
+            score = len(match_result.nodes)
+            if score > self._partial_score.get(name, 0):
+                self._partial_score[name] = score
+                self.stats[name].best_partial = Refusal(_describe(node), _reason(match_result) +
+                                                        f"; {score} node(s) matched from {node.op_type}")
+
+    def finish(self) -> dict[str, RuleStats]:
+        for name, seen in self._seen.items():
+            st = self.stats[name]
+            st.tried = len(seen)
+            st.refused = [Refusal(*v.split("\0", 1)) for v in seen.values() if v != "matched"]
+        return self.stats
+
+
+def select(only: list[str] | None = None, disable: list[str] | None = None) -> list[RuleInfo]:
+    for n in (only or []) + (disable or []):
+        if n not in BY_NAME:
+            raise ValueError(f"unknown rule {n!r}; rules: {', '.join(BY_NAME)}")
+    return [r for r in RULES if (not only or r.name in only) and r.name not in (disable or [])]
+
+
+def _tagged(graph: ir.Graph) -> collections.Counter:
+    """Nodes of our domain by the rule that made them. onnxscript tags each replacement node and merges
+    the tags of the nodes it replaced behind it ("add_layer_norm, layer_norm"): the first is the maker."""
+    return collections.Counter(n.metadata_props.get(RULE_NAME_TAG, "").split(",")[0].strip()
+                               for n in ir.traversal.RecursiveGraphIterator(graph) if n.domain == DOMAIN)
+
+
+def apply_rules(model: ir.Model, rules: list[RuleInfo]) -> dict[str, RuleStats]:
+    """Apply `rules` stage by stage. onnxscript's tracer only observes (it disables rewriting), so each
+    stage runs twice: traced on a copy, for tried/refused/partial matches (the traced run still builds
+    replacement nodes, which stay attached as users of the matched inputs), then for real."""
+    owners: dict[int, RuleInfo] = {}
+    staged: dict[int, list[pattern.RewriteRule]] = {}
+    for info in rules:
+        for rule in info.make():
+            for variant in (rule.commute() if info.commute else [rule]):
+                owners[id(variant)] = info
+                staged.setdefault(info.stage, []).append(variant)
+    tracer = StatsTracer(owners)
+    matched: collections.Counter = collections.Counter()
+    for stage in sorted(staged):
+        rule_set = pattern.RewriteRuleSet(staged[stage])
+        rule_set.apply_to_model(ir.serde.deserialize_model(ir.serde.serialize_model(model)), tracer=tracer)
+        before = _tagged(model.graph)  # nodes from an earlier optimize carry tags too
+        rule_set.apply_to_model(model)
+        after = _tagged(model.graph)
+        for name in {owners[id(r)].name for r in staged[stage]}:
+            matched[name] = max(0, after[name] - before[name])
+    stats = tracer.finish()
+    for name, st in stats.items():
+        st.matched = matched.get(name, 0)
+    return stats

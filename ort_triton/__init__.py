@@ -1,0 +1,32 @@
+"""ort_triton: fused transformer ops for ONNX Runtime's CUDA EP, as Triton kernels compiled ahead of time.
+
+    import ort_triton
+    model = ort_triton.optimize("model.onnx")            # rewrite: fused ops with ONNX function bodies
+    so = onnxruntime.SessionOptions()
+    ort_triton.register(so)                               # the native kernels, for CUDA sessions
+    ort_triton.build_library(archs=[90])                  # (re)build the library: needs triton, no GPU
+
+Importing this package loads neither Triton nor torch.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "build_library", "get_library_path", "make_session", "optimize", "register"]
+
+
+def __getattr__(name):  # lazy: serving needs neither the rewriter nor the build
+    if name in ("get_library_path", "register", "make_session"):
+        from . import runtime
+
+        return getattr(runtime, name)
+    if name == "build_library":
+        from .aot.build import build_library
+
+        return build_library
+    if name == "optimize":
+        from graph_rewrites import optimize
+
+        return optimize
+    raise AttributeError(name)

@@ -1,0 +1,1 @@
+"""Ahead-of-time build: op contracts -> Triton cubins -> generated C tables -> libort_triton.so."""

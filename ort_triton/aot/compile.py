@@ -1,0 +1,93 @@
+"""Compile one (op, element type, specialisation, arch) to a cubin with `triton.compile`, cached on disk.
+
+`triton.compile` with an explicit GPUTarget needs no GPU (Triton ships ptxas). The cache key covers the
+kernel source (Triton's own `cache_key` hashes the function and what it calls), the specialisation, the
+launch options, the Triton version and the arch, so a rebuild after one change recompiles one kernel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import pathlib
+import tempfile
+
+from ..contract import OpContract, Spec
+
+TRITON_TYPES = {"float": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    op: OpContract
+    type_name: str
+    spec_index: int
+    spec: Spec
+    arch: int
+
+    def signature(self) -> dict[str, str]:
+        t = TRITON_TYPES[self.type_name]
+        sig = {k: v.replace("{T}", t) for k, v in self.op.kernel.signature.items()}
+        sig.update({k: "constexpr" for k in self.spec.constexprs})
+        return sig
+
+    def cache_key(self) -> str:
+        import triton
+
+        blob = json.dumps({
+            "fn": self.op.kernel.fn.cache_key,
+            "sig": self.signature(),
+            "constexprs": self.spec.constexprs,
+            "div16": self.spec.divisible_by_16,
+            "warps": self.spec.num_warps,
+            "stages": self.spec.num_stages,
+            "triton": triton.__version__,
+            "arch": self.arch,
+        }, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+    kernel_name: str
+    cubin: pathlib.Path
+    shared: int
+    num_warps: int
+
+
+def compile_job(job: Job, cache_dir: pathlib.Path) -> Compiled:
+    key = job.cache_key()
+    cubin, meta_path = cache_dir / f"{key}.cubin", cache_dir / f"{key}.json"
+    if cubin.exists() and meta_path.exists():
+        meta = json.loads(meta_path.read_text())
+        return Compiled(meta["name"], cubin, meta["shared"], meta["num_warps"])
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = job.op.kernel.fn
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in job.spec.divisible_by_16}
+    src = ASTSource(fn, job.signature(), constexprs=dict(job.spec.constexprs), attrs=attrs)
+    k = triton.compile(src, target=GPUTarget("cuda", job.arch, 32),
+                       options={"num_warps": job.spec.num_warps, "num_stages": job.spec.num_stages})
+    md = k.metadata
+    # The native launcher passes NULL for Triton's global/profile scratch: refuse kernels that need them
+    # rather than ship one that would scribble over address 0.
+    if md.global_scratch_size or md.profile_scratch_size:
+        raise RuntimeError(f"{job.op.name} spec {job.spec_index} sm_{job.arch}: kernel needs Triton scratch "
+                           f"memory ({md.global_scratch_size}/{md.profile_scratch_size} B), not supported")
+    meta = {"name": md.name, "shared": int(md.shared), "num_warps": int(md.num_warps)}
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    _atomic_write(cubin, k.asm["cubin"])
+    _atomic_write(meta_path, json.dumps(meta).encode())
+    return Compiled(meta["name"], cubin, meta["shared"], meta["num_warps"])
+
+
+def _atomic_write(path: pathlib.Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)

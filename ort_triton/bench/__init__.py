@@ -1,0 +1,1 @@
+"""Benchmarks: scripts run on the GPU machine (see scripts/gpu_check.sh), never timed tests."""

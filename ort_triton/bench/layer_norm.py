@@ -1,0 +1,166 @@
+"""LayerNorm bandwidth on the GPU: our kernel inside ORT against ORT's own LayerNormalization and
+SkipLayerNormalization kernels, same process, same inputs.
+
+    python -m ort_triton.bench.layer_norm --library build/lib/libort_triton.so --json OUT.json
+
+Each model is a chain of K identical nodes (y <- op(y[, r])), run on the CUDA EP with IO binding and
+ORT's CUDA graph, so the per-node time is the kernel's, not ORT's host overhead; timed with CUDA events
+(median of many replays after warm-up). Bytes per node: LayerNorm reads X and writes Y (2 tensors),
+with a residual it also reads the skip (3), and writes the sum when asked (4); gamma/beta are noise.
+The ceiling is the measured device-to-device copy bandwidth (FACTS.md: 4.08 TB/s, read + write).
+The Triton kernel alone (triton.testing.do_bench, no ORT) is reported beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from ..contract import DOMAIN, DOMAIN_VERSION
+from ..ops import ADD_LAYER_NORM, LAYER_NORM
+
+CEILING_GBS = 4080.0
+K = 16  # nodes per chain
+ONNX_TYPES = {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16, "float": TensorProto.FLOAT}
+
+# runtime -> (op type, domain, tensors moved per node, has residual)
+VARIANTS = {
+    "ort_LayerNormalization": ("LayerNormalization", "", 2, False),
+    "ort_triton_LayerNorm": ("LayerNorm", DOMAIN, 2, False),
+    "ort_SkipLayerNormalization": ("SkipLayerNormalization", "com.microsoft", 3, True),
+    "ort_triton_AddLayerNorm": ("AddLayerNorm", DOMAIN, 3, True),
+    "ort_SkipLayerNormalization+sum": ("SkipLayerNormalization", "com.microsoft", 4, True),
+    "ort_triton_AddLayerNorm+sum": ("AddLayerNorm", DOMAIN, 4, True),
+}
+
+
+def chain_model(variant: str, hidden: int, type_name: str) -> onnx.ModelProto:
+    op, domain, _moved, residual = VARIANTS[variant]
+    t = ONNX_TYPES[type_name]
+    keep_sum = variant.endswith("+sum")
+    nodes, outputs = [], []
+    prev = "x"
+    for i in range(K):
+        ins = [prev, "r", "g", "b"] if residual else [prev, "g", "b"]
+        outs = [f"y{i}"]
+        if keep_sum:  # the sum is a graph output so it must be written
+            outs = [f"y{i}", f"s{i}"] if domain == DOMAIN else [f"y{i}", "", "", f"s{i}"]
+            outputs.append(helper.make_tensor_value_info(f"s{i}", t, None))
+        elif domain == DOMAIN and residual:
+            outs = [f"y{i}", ""]
+        attrs = {"epsilon": 1e-5} if domain else {"axis": -1, "epsilon": 1e-5}
+        nodes.append(helper.make_node(op, ins, outs, domain=domain, **attrs))
+        prev = f"y{i}"
+    outputs.insert(0, helper.make_tensor_value_info(prev, t, None))
+    inputs = [helper.make_tensor_value_info("x", t, ["n", hidden])]
+    if residual:
+        inputs.append(helper.make_tensor_value_info("r", t, ["n", hidden]))
+    np_t = {"float16": np.float16, "float": np.float32}.get(type_name)
+    g = np.random.default_rng(1).normal(1, 0.1, hidden)
+    inits = [numpy_helper.from_array(g.astype(np_t), "g"), numpy_helper.from_array(np.zeros(hidden, np_t), "b")]
+    graph = helper.make_graph(nodes, variant, inputs, outputs, initializer=inits)
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1),
+              helper.make_opsetid(DOMAIN, DOMAIN_VERSION)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=9,
+                             functions=[LAYER_NORM.function_proto(), ADD_LAYER_NORM.function_proto()])
+
+
+def time_session(model, feeds_torch: dict, library, reps: int) -> float:
+    """Median ms per run of a CUDA-graph-captured session with IO binding on torch buffers."""
+    import onnxruntime as ort
+    import torch
+
+    so = ort.SessionOptions()
+    if library:
+        so.register_custom_ops_library(str(library))
+    sess = ort.InferenceSession(model.SerializeToString(), so,
+                                providers=[("CUDAExecutionProvider", {"enable_cuda_graph": "1"})])
+    io = sess.io_binding()
+    for name, t in feeds_torch.items():
+        io.bind_input(name, "cuda", 0, _np_dtype(t), list(t.shape), t.data_ptr())
+    for o in sess.get_outputs():
+        io.bind_output(o.name, "cuda")
+    ro = ort.RunOptions()
+    for _ in range(5):  # the first run captures the graph
+        sess.run_with_iobinding(io, ro)
+    torch.cuda.synchronize()
+    times = []
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(reps):
+        start.record()
+        sess.run_with_iobinding(io, ro)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _np_dtype(t):
+    import torch
+
+    return {torch.float16: np.float16, torch.float32: np.float32}[t.dtype]
+
+
+def triton_only(rows: int, hidden: int, variant: str, type_name: str) -> float:
+    import torch
+    import triton
+
+    from ..kernels.layer_norm import layer_norm
+
+    dt = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float": torch.float32}[type_name]
+    x = torch.randn(rows, hidden, device="cuda", dtype=dt)
+    r = torch.randn_like(x)
+    g, b = torch.ones(hidden, device="cuda", dtype=dt), torch.zeros(hidden, device="cuda", dtype=dt)
+    _op, _d, _moved, residual = VARIANTS[variant]
+    fn = lambda: layer_norm(x, g, b, r if residual else None, store_sum=variant.endswith("+sum"))
+    return triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
+
+
+def main(argv=None) -> None:
+    import torch
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--library", required=True)
+    p.add_argument("--json", required=True)
+    p.add_argument("--rows", default="4096,65536")
+    p.add_argument("--hidden", default="768,1024,4096,8192")
+    p.add_argument("--types", default="float16")
+    p.add_argument("--reps", type=int, default=50)
+    args = p.parse_args(argv)
+    rows_list = [int(v) for v in args.rows.split(",")]
+    hidden_list = [int(v) for v in args.hidden.split(",")]
+    results = []
+    print(f"{'type':8} {'rows':>6} {'H':>5} {'variant':32} {'us/node':>8} {'GB/s':>7} {'ceil%':>6} "
+          f"{'triton-only us':>14}")
+    for type_name in args.types.split(","):
+        dt = {"float16": torch.float16, "float": torch.float32}[type_name]
+        for rows in rows_list:
+            for hidden in hidden_list:
+                x = torch.randn(rows, hidden, device="cuda", dtype=dt)
+                r = torch.randn(rows, hidden, device="cuda", dtype=dt)
+                for variant, (_op, domain, moved, residual) in VARIANTS.items():
+                    model = chain_model(variant, hidden, type_name)
+                    feeds = {"x": x, **({"r": r} if residual else {})}
+                    ms = time_session(model, feeds, args.library if domain == DOMAIN else None, args.reps) / K
+                    nbytes = moved * rows * hidden * x.element_size()
+                    gbs = nbytes / (ms * 1e-3) / 1e9
+                    t_only = triton_only(rows, hidden, variant, type_name) if domain == DOMAIN else None
+                    row = dict(type=type_name, rows=rows, hidden=hidden, variant=variant, us_per_node=ms * 1e3,
+                               bytes=nbytes, gbs=gbs, ceiling_frac=gbs / CEILING_GBS,
+                               triton_only_us=t_only * 1e3 if t_only else None)
+                    results.append(row)
+                    print(f"{type_name:8} {rows:6} {hidden:5} {variant:32} {ms * 1e3:8.2f} {gbs:7.0f} "
+                          f"{100 * gbs / CEILING_GBS:5.1f}% {'' if t_only is None else f'{t_only * 1e3:14.2f}'}",
+                          flush=True)
+    with open(args.json, "w") as fh:
+        json.dump({"gpu": torch.cuda.get_device_name(), "ceiling_gbs": CEILING_GBS, "nodes_per_chain": K,
+                   "rows": results}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

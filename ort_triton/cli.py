@@ -1,0 +1,180 @@
+"""ort-triton: optimize | build | doctor | demo.
+
+Exit codes: 0 success, 1 a check failed (accuracy FAILED), 2 bad input or usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+import tempfile
+
+from rich.console import Console
+from rich.table import Table
+
+
+class UserError(Exception):
+    """Bad input: printed without a traceback, exit code 2."""
+
+
+def _console(args) -> Console:
+    return Console(stderr=False, quiet=getattr(args, "quiet", False), highlight=False)
+
+
+# ---- optimize -----------------------------------------------------------------------------------
+def _load_model(path: pathlib.Path):
+    import onnx
+
+    if not path.is_file():
+        raise UserError(f"{path}: no such file")
+    try:
+        return onnx.load(str(path))
+    except Exception as e:  # noqa: BLE001  (protobuf raises DecodeError, onnx its own types)
+        raise UserError(f"{path}: not a readable ONNX model ({type(e).__name__}: {str(e)[:200]})") from None
+
+
+def save_atomic(model, out: pathlib.Path) -> None:
+    """Write next to the target, then rename: a crash leaves either the old file or the new one."""
+    import onnx
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        onnx.save(model, tmp)
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _same_file(a: pathlib.Path, b: pathlib.Path) -> bool:
+    return a.resolve() == b.resolve() or (b.exists() and os.path.samefile(a, b))
+
+
+def op_table(before, after, title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    table.add_column("op")
+    table.add_column("before", justify="right")
+    table.add_column("after", justify="right")
+    for op in sorted(set(before) | set(after), key=lambda o: (-before.get(o, 0), o)):
+        if before.get(op, 0) != after.get(op, 0):
+            table.add_row(op, str(before.get(op, 0)), str(after.get(op, 0)))
+    table.add_row("[bold]all nodes[/]", str(sum(before.values())), str(sum(after.values())))
+    return table
+
+
+def rule_table(report, verbose: bool) -> Table:
+    table = Table(title="fusions", title_justify="left")
+    for col, just in (("rule", "left"), ("matched / tried", "right"), ("does", "left")):
+        table.add_column(col, justify=just)
+    for st in report.rules.values():
+        table.add_row(st.name, f"{st.matched} / {st.tried}", st.identity)
+        if verbose:
+            for r in st.refused:
+                table.add_row("", "[yellow]refused[/]", f"{r.node}: {r.reason}")
+    return table
+
+
+def cmd_optimize(args) -> int:
+    import graph_rewrites
+
+    con = _console(args)
+    src, dst = pathlib.Path(args.input), pathlib.Path(args.output)
+    if dst.exists() and _same_file(src, dst):
+        raise UserError(f"output {dst} is the input: choose another path (the input is never overwritten)")
+    model = _load_model(src)
+    try:
+        out, report = graph_rewrites.optimize(model, only=args.only, disable=args.disable, report=True)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    save_atomic(out, dst)
+    con.print(op_table(report.ops_before, report.ops_after,
+                       f"{src.name} -> {dst.name}  ({src.stat().st_size / 1e6:.1f} MB -> "
+                       f"{dst.stat().st_size / 1e6:.1f} MB)"))
+    con.print(rule_table(report, args.verbose))
+    if report.fused() == 0:
+        con.print("nothing fused: the output is the input with no ort_triton ops (run with -v for why)")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps({
+            "input": str(src), "output": str(dst),
+            "ops_before": dict(report.ops_before), "ops_after": dict(report.ops_after),
+            "rules": {k: v.as_dict() for k, v in report.rules.items()},
+        }, indent=2) + "\n")
+    return 0
+
+
+# ---- build --------------------------------------------------------------------------------------
+def cmd_build(args) -> int:
+    from .aot.build import BuildError, build_library, parse_archs
+
+    con = _console(args)
+    try:
+        lib = build_library(parse_archs(args.arch), args.output, jobs=args.jobs, ort_include=args.ort_include,
+                            log=con.print)
+    except BuildError as e:
+        raise UserError(str(e)) from None
+    con.print(f"[green]built[/] {lib}")
+    return 0
+
+
+# ---- doctor -------------------------------------------------------------------------------------
+def cmd_doctor(args) -> int:
+    from . import doctor
+
+    problems = doctor.report(_console(args))
+    return 1 if problems else 0
+
+
+# ---- demo: the main job on the embedded default model -------------------------------------------
+def cmd_demo(args) -> int:
+    from . import demo
+
+    return demo.run(_console(args), model_name=args.model, out_dir=args.out_dir, device=args.device)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="ort-triton", description=__doc__.splitlines()[0])
+    p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    o = sub.add_parser("optimize", help="fuse transformer subgraphs into ai.ort_triton ops")
+    o.add_argument("input")
+    o.add_argument("-o", "--output", required=True)
+    o.add_argument("--only", action="append", metavar="RULE", help="apply only this rule (repeatable)")
+    o.add_argument("--disable", action="append", metavar="RULE", help="skip this rule (repeatable)")
+    o.add_argument("-v", "--verbose", action="store_true", help="show every refused candidate and why")
+    o.add_argument("--json", metavar="PATH", help="write the report as JSON")
+    o.set_defaults(func=cmd_optimize)
+
+    b = sub.add_parser("build", help="compile the kernels and the native library (no GPU needed)")
+    b.add_argument("--arch", help="compute capabilities, e.g. 80,86,89,90 (default)")
+    b.add_argument("-o", "--output", help="directory for libort_triton.so")
+    b.add_argument("-j", "--jobs", type=int, help="parallel compiles (default: all cores)")
+    b.add_argument("--ort-include", help="directory with onnxruntime_c_api.h (default: fetched)")
+    b.set_defaults(func=cmd_build)
+
+    d = sub.add_parser("doctor", help="check ORT, GPU, library and Triton, and say how to fix what is missing")
+    d.set_defaults(func=cmd_doctor)
+
+    m = sub.add_parser("demo", help="build a BERT from a config, export it both ways, optimize, check outputs")
+    m.add_argument("--model", default="bert-tiny")
+    m.add_argument("--out-dir", help="keep the exported and optimized models here")
+    m.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    m.set_defaults(func=cmd_demo)
+
+    for sp in (o, b, d, m):
+        sp.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    try:
+        return args.func(args)
+    except UserError as e:
+        print(f"ort-triton {args.cmd}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""One contract per fused op.
+
+A contract is the single place where an op's name, inputs, outputs, attributes, element types and
+meaning (its ONNX function body) are written down. Everything else reads it:
+
+- graph_rewrites builds the replacement node with `OpContract.node` and attaches `function_proto`;
+- tests compare kernels with `reference`;
+- the AOT build compiles `specializations` and generates the native registration and dispatch tables.
+
+Two facts about ONNX Runtime 1.31 shape the contract (both checked on ORT CPU, see tests/test_contract.py):
+- a node of a function-bodied op with an *absent optional input* crashes ORT while it inlines the body,
+  so every input is required (the rewriter supplies e.g. a zero bias where the model has none);
+- a node that lists *fewer outputs* than its function declares fails type inference, so a node always
+  lists every output, with "" for an output nobody reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper
+
+DOMAIN = "ai.ort_triton"
+DOMAIN_VERSION = 1
+
+# Element types a contract may allow, by the ONNX names used in messages and in the native table.
+ELEMENT_TYPES = {
+    "float": onnx.TensorProto.FLOAT,
+    "float16": onnx.TensorProto.FLOAT16,
+    "bfloat16": onnx.TensorProto.BFLOAT16,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class IO:
+    name: str
+    doc: str
+    optional: bool = False  # only outputs may be optional (see module docstring)
+
+
+@dataclasses.dataclass(frozen=True)
+class Attr:
+    name: str
+    kind: str  # "float" or "int"
+    default: float | int
+    doc: str
+
+    def proto_type(self) -> int:
+        return {"float": onnx.AttributeProto.FLOAT, "int": onnx.AttributeProto.INT}[self.kind]
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """One specialisation of a kernel: constexprs and launch options fixed, chosen at run time when every
+    dispatch key lies in its [min, max] range. `consts` are the launch constants the native planner reads."""
+
+    constexprs: dict[str, Any]
+    num_warps: int
+    keys: tuple[tuple[int, int], ...]
+    consts: tuple[int, ...]
+    num_stages: int = 1
+    divisible_by_16: tuple[str, ...] = ()  # int/pointer arguments promised to be multiples of 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """A Triton kernel as the AOT build sees it: the jit function, its runtime signature (argument name ->
+    Triton type with `{T}` for the element type), and the native planner that launches it."""
+
+    module: str  # imported only by the AOT build and tests: rewriting and serving need no Triton
+    fn_name: str
+    signature: dict[str, str]
+    native_plan: str  # C symbols in ort_triton/native, see ot_table.h
+    native_params: str
+    dispatch_keys: tuple[str, ...]  # names of the keys, in the order the native planner computes them
+
+    @property
+    def fn(self):
+        import importlib
+
+        return getattr(importlib.import_module(self.module), self.fn_name)
+
+
+@dataclasses.dataclass(frozen=True)
+class OpContract:
+    name: str
+    doc: str
+    inputs: tuple[IO, ...]
+    outputs: tuple[IO, ...]
+    attrs: tuple[Attr, ...]
+    types: tuple[str, ...]
+    body: Callable[[], list[onnx.NodeProto]]  # function body over the formal names, attributes by reference
+    body_opset: int  # ai.onnx opset the body is written in
+    reference: Callable[..., tuple[np.ndarray, ...]]
+    kernel: Kernel
+    specializations: Callable[[str], list[Spec]]  # element type name -> specs, in dispatch order
+
+    # ---- the function body -------------------------------------------------------------------------
+    def function_proto(self) -> onnx.FunctionProto:
+        return helper.make_function(
+            DOMAIN,
+            self.name,
+            [i.name for i in self.inputs],
+            [o.name for o in self.outputs],
+            self.body(),
+            [helper.make_opsetid("", self.body_opset)],
+            attributes=[a.name for a in self.attrs],
+            doc_string=self.doc,
+        )
+
+    # ---- the replacement node (onnxscript rewriter builder) ----------------------------------------
+    def node(self, op, *inputs, outputs: Sequence[bool] | None = None, **attrs):
+        """Emit this op through an onnxscript rewriter `op` builder. `outputs[i]` says whether output i is
+        used; unused optional outputs are still listed so the node has every output its function body
+        declares (graph_rewrites blanks their names to "" on save, which tells the kernel to skip them).
+        Returns the used outputs, in order."""
+        if len(inputs) != len(self.inputs) or any(v is None for v in inputs):
+            raise ValueError(f"{self.name} takes {[i.name for i in self.inputs]}, all required")
+        unknown = set(attrs) - {a.name for a in self.attrs}
+        if unknown:
+            raise ValueError(f"{self.name} has no attribute(s) {sorted(unknown)}")
+        values = {a.name: _attr_value(a, attrs.get(a.name, a.default)) for a in self.attrs}
+        used = list(outputs) if outputs is not None else [True] + [False] * (len(self.outputs) - 1)
+        for o, u in zip(self.outputs, used):
+            if not u and not o.optional:
+                raise ValueError(f"{self.name} output {o.name!r} is required")
+        result = getattr(op, self.name)(*inputs, _domain=DOMAIN, _outputs=len(self.outputs), **values)
+        result = list(result) if isinstance(result, Sequence) else [result]
+        picked = [v for v, u in zip(result, used) if u]
+        return picked[0] if len(picked) == 1 else tuple(picked)
+
+    def element_type(self, type_name: str) -> int:
+        return ELEMENT_TYPES[type_name]
+
+
+def _attr_value(attr: Attr, value):
+    return float(value) if attr.kind == "float" else int(value)
+
+
+def attr_ref(name: str, proto_type: int) -> onnx.AttributeProto:
+    """An attribute of a body node that takes its value from the function's attribute `name`."""
+    a = onnx.AttributeProto()
+    a.name, a.ref_attr_name, a.type = name, name, proto_type
+    return a

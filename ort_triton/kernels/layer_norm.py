@@ -1,0 +1,69 @@
+"""The Triton kernel behind LayerNorm and AddLayerNorm (contract and maths: ort_triton/ops/layer_norm.py).
+
+Kernels live apart from the contracts so that rewriting and serving need no Triton; only the AOT build,
+the tests and the GPU checks import this module.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..ops.layer_norm import BLOCKS, MAX_HIDDEN, launch_config
+
+
+@triton.jit
+def layer_norm_fwd(
+    X, R, W, B, Y, S, n_rows, H, eps,
+    HAS_RES: tl.constexpr, STORE_SUM: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr,
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_H)
+    col_ok = cols < H
+    mask = (rows < n_rows)[:, None] & col_ok[None, :]
+    offs = rows.to(tl.int64)[:, None] * H + cols[None, :]  # int64: rows * H can pass 2^31
+    x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RES:
+        x += tl.load(R + offs, mask=mask, other=0.0).to(tl.float32)
+        if STORE_SUM:
+            tl.store(S + offs, x.to(S.dtype.element_ty), mask=mask)
+    mean = tl.sum(x, axis=1) / H
+    d = tl.where(mask, x - mean[:, None], 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=1) / H + eps)
+    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    b = tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)
+    y = d * rstd[:, None] * w[None, :] + b[None, :]
+    tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
+
+
+
+# ---- a torch entry point: the same kernel through Triton's JIT (tests, interpreter, GPU timing) -------
+def layer_norm(x, gamma, beta, skip=None, epsilon=1e-5, store_sum=False, *, out=None, sum_out=None):
+    """Run the kernel on torch tensors; returns y, or (y, sum) when store_sum. `out`/`sum_out` let a test
+    hand in poisoned buffers."""
+    import torch
+
+    h = x.shape[-1]
+    if x.dim() < 1 or not 1 <= h <= MAX_HIDDEN:
+        raise ValueError(f"layer_norm: hidden size {h} not supported (1..{MAX_HIDDEN})")
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"layer_norm: dtype {x.dtype} not supported (float32, float16, bfloat16)")
+    for name, t, shape in (("gamma", gamma, (h,)), ("beta", beta, (h,)), ("skip", skip, tuple(x.shape)),
+                           ("out", out, tuple(x.shape)), ("sum_out", sum_out, tuple(x.shape))):
+        if t is not None and (tuple(t.shape) != shape or t.dtype != x.dtype or not t.is_contiguous()):
+            raise ValueError(f"layer_norm: {name} must be contiguous {x.dtype} of shape {list(shape)}, got "
+                             f"{t.dtype} {list(t.shape)}")
+    if store_sum and skip is None:
+        raise ValueError("layer_norm: store_sum needs skip")
+    x, gamma, beta = x.contiguous(), gamma.contiguous(), beta.contiguous()
+    skip = skip.contiguous() if skip is not None else None
+    n_rows = x.numel() // h
+    block = next(b for b in BLOCKS if b >= h)
+    rows, warps = launch_config(block)
+    y = out if out is not None else torch.empty_like(x)
+    s = (sum_out if sum_out is not None else torch.empty_like(x)) if store_sum else None
+    layer_norm_fwd[(triton.cdiv(n_rows, rows),)](
+        x, skip if skip is not None else x, gamma, beta, y, s if s is not None else y, n_rows, h, epsilon,
+        HAS_RES=skip is not None, STORE_SUM=store_sum, BLOCK_H=block, ROWS=rows, num_warps=warps,
+    )
+    return (y, s) if store_sum else y

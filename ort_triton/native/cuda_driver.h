@@ -1,0 +1,22 @@
+/* cuda_driver.h: the little of the CUDA driver that ort_triton needs, behind two calls.
+ * The driver is opened with dlopen at the first launch, so the library loads and registers its ops on
+ * machines without a GPU. Both calls write a message without the "ort_triton <Op> (<type>): " prefix,
+ * which the caller adds. */
+#ifndef OT_CUDA_DRIVER_H
+#define OT_CUDA_DRIVER_H
+
+#include <stddef.h>
+
+#include "ot_table.h"
+
+/* The image of spec to run on a GPU of arch (10 * major + minor); NULL and a message naming the archs
+ * the library holds when none fits. Implemented in dispatch.c: it needs no driver. */
+const ot_image *ot_pick_image(const ot_spec *spec, int arch, char *err, size_t err_len);
+
+/* Launch spec's kernel on stream (a CUstream; NULL: the current context's default stream) with the
+ * image that fits the stream's device. params is the full parameter array cuLaunchKernel takes.
+ * Thread-safe. Returns 0, or nonzero with a message in err. */
+int ot_cuda_launch(const ot_spec *spec, const unsigned grid[3], void *stream, void **params, char *err,
+                   size_t err_len);
+
+#endif

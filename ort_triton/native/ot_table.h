@@ -1,0 +1,112 @@
+/* ot_table.h: the tables that ort_triton/aot/codegen.py generates from the op contracts
+ * (ort_triton/ops/<op>.py), and the interface between those tables and the hand-written C.
+ *
+ * The generated file (ot_table_gen.c) defines ot_ops[], ot_n_ops, ot_domain, ot_domain_version and
+ * the kernel images (cubins, embedded with .incbin). Nothing here is written by hand twice: names,
+ * inputs, attributes and specialisations come from Python.
+ */
+#ifndef OT_TABLE_H
+#define OT_TABLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "onnxruntime_c_api.h"
+
+#define OT_MAX_IO 8
+#define OT_MAX_ATTRS 4
+#define OT_MAX_KEYS 8
+#define OT_MAX_CONSTS 8
+#define OT_MAX_ARCHS 8
+#define OT_MAX_PARAMS 24
+
+/* One compiled kernel image: one specialisation for one GPU arch. */
+typedef struct {
+  int arch;                   /* 10 * major + minor: 80, 86, 89, 90 */
+  const unsigned char *image; /* cubin bytes */
+  size_t image_size;
+  unsigned shared_bytes;      /* dynamic shared memory the launch needs */
+  unsigned num_warps;         /* block = 32 * num_warps threads */
+} ot_image;
+
+/* One specialisation: a kernel with its constexprs fixed, compiled for several archs.
+ * It is chosen when every dispatch key the op's C code computes lies in [key_min, key_max]. */
+typedef struct {
+  const char *kernel_name;    /* the function's name inside the cubin */
+  int n_images;
+  ot_image images[OT_MAX_ARCHS];
+  int n_keys;
+  int64_t key_min[OT_MAX_KEYS];
+  int64_t key_max[OT_MAX_KEYS];
+  int64_t consts[OT_MAX_CONSTS]; /* launch constants (block sizes...), meaning fixed by the op's C code */
+  int index;                  /* position in the op's spec list, for the module cache */
+} ot_spec;
+
+typedef struct {
+  const char *name;
+  ONNXTensorElementDataType type;
+  int optional;               /* 1: OPTIONAL, 0: REQUIRED */
+} ot_io;
+
+enum { OT_ATTR_FLOAT = 1, OT_ATTR_INT = 2 };
+
+typedef struct {
+  const char *name;
+  int kind;                   /* OT_ATTR_FLOAT or OT_ATTR_INT */
+  double default_value;
+} ot_attr;
+
+struct ot_op;
+
+/* A tensor as the planner sees it: no data, so plans can be checked on a machine without a GPU. */
+typedef struct {
+  int present;
+  ONNXTensorElementDataType type;
+  size_t rank;
+  int64_t dims[8];
+} ot_desc;
+
+/* What a planner decides: which specialisation, which grid, the output shapes. */
+typedef struct {
+  const ot_spec *spec;
+  unsigned grid[3];
+  ot_desc outputs[OT_MAX_IO];   /* shape of each output the node asks for */
+} ot_plan;
+
+/* Per-op hand-written C (e.g. layer_norm.c).
+ * plan:   check inputs (dtype, rank, shapes), pick a spec, compute grid and output shapes; on error write a
+ *         message that names the op, the input and what is supported into err and return nonzero.
+ * params: fill the kernel parameter array (without the two trailing scratch pointers) for a plan;
+ *         ptrs holds the device pointers of inputs then outputs (NULL where absent), attrs the
+ *         attribute values in contract order. Returns the number of params written. */
+typedef int (*ot_plan_fn)(const struct ot_op *op, const ot_desc *inputs, int n_inputs, int n_outputs,
+                          ot_plan *plan, char *err, size_t err_len);
+typedef int (*ot_params_fn)(const struct ot_op *op, const ot_plan *plan, const ot_desc *inputs,
+                            void *const *ptrs, const double *attrs, void *storage, void **params);
+
+/* One registration: one op name for one concrete element type (ORT picks it by the node's type). */
+typedef struct ot_op {
+  const char *name;
+  ONNXTensorElementDataType type;
+  int n_inputs;
+  ot_io inputs[OT_MAX_IO];
+  int n_outputs;
+  ot_io outputs[OT_MAX_IO];
+  int n_attrs;
+  ot_attr attrs[OT_MAX_ATTRS];
+  int n_specs;
+  const ot_spec *specs;
+  ot_plan_fn plan;
+  ot_params_fn params;
+} ot_op;
+
+extern const ot_op ot_ops[];
+extern const int ot_n_ops;
+extern const char ot_domain[];
+extern const int ot_domain_version;
+extern const char ot_build_info[]; /* e.g. "archs=80,86,89,90 triton=3.6.0" */
+
+/* Generic helper shared by the planners: the first spec whose keys all fit, or NULL. */
+const ot_spec *ot_find_spec(const ot_op *op, const int64_t *keys, int n_keys);
+
+#endif

@@ -1,0 +1,116 @@
+"""LayerNorm and AddLayerNorm: layer normalisation over the last axis, optionally after a residual add.
+
+    s    = x + skip                                  (AddLayerNorm only; also returned as `sum` if asked)
+    mean = sum(s) / H
+    var  = sum((s - mean)^2) / H                     (two-pass in registers: no cancellation)
+    y    = (s - mean) * rsqrt(var + epsilon) * gamma + beta
+
+One program normalises ROWS rows of BLOCK_H >= H columns held in registers; reductions are in fp32
+whatever the element type (the kernel: ort_triton/kernels/layer_norm.py). The op is memory-bound
+(2-4 tensors of rows x H elements move), so blocks are sized to keep ~4096 elements per program in
+flight, and rows whose start is 16-byte aligned (H % 16 == 0) get a specialisation that lets Triton emit
+16-byte vector loads.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from ..contract import IO, Attr, Kernel, OpContract, Spec, attr_ref
+
+MAX_HIDDEN = 16384
+BLOCKS = (256, 1024, 2048, 4096, 8192, 16384)
+
+
+KERNEL = Kernel(
+    module="ort_triton.kernels.layer_norm",
+    fn_name="layer_norm_fwd",
+    signature={
+        "X": "*{T}", "R": "*{T}", "W": "*{T}", "B": "*{T}", "Y": "*{T}", "S": "*{T}",
+        "n_rows": "i32", "H": "i32", "eps": "fp32",
+    },
+    native_plan="ot_layer_norm_plan",
+    native_params="ot_layer_norm_params",
+    dispatch_keys=("has_beta", "store_sum", "h_div16", "H"),
+)
+
+
+def launch_config(block_h: int) -> tuple[int, int]:
+    """(ROWS, num_warps) for a block width: ~4096 elements per program, more warps for wide rows."""
+    rows = max(1, 4096 // block_h)
+    warps = 4 if block_h <= 1024 else 8 if block_h <= 4096 else 16
+    return rows, warps
+
+
+def _specs(has_res: bool) -> list[Spec]:
+    specs = []
+    # Aligned specs first: the native planner takes the first spec whose keys all fit.
+    for aligned in (1, 0):
+        for store_sum in ((0, 1) if has_res else (0,)):
+            lo = 1
+            for block in BLOCKS:
+                rows, warps = launch_config(block)
+                specs.append(Spec(
+                    constexprs={"HAS_RES": int(has_res), "STORE_SUM": store_sum, "BLOCK_H": block, "ROWS": rows},
+                    num_warps=warps,
+                    # has_beta is always 1 (beta is a required input), h_div16 1 only for aligned specs
+                    keys=((1, 1), (store_sum, store_sum), (aligned, 1), (lo, block)),
+                    consts=(block, rows),
+                    divisible_by_16=("X", "R", "W", "B", "Y", "S") + (("H",) if aligned else ()),
+                ))
+                lo = block + 1
+    return specs
+
+
+# ---- references (float64 numpy) ---------------------------------------------------------------------
+def reference_layer_norm(x, gamma, beta, epsilon=1e-5):
+    s = np.asarray(x, np.float64)
+    mean = s.mean(-1, keepdims=True)
+    var = ((s - mean) ** 2).mean(-1, keepdims=True)
+    return ((s - mean) / np.sqrt(var + epsilon) * np.asarray(gamma, np.float64) + np.asarray(beta, np.float64),)
+
+
+def reference_add_layer_norm(x, skip, gamma, beta, epsilon=1e-5):
+    s = np.asarray(x, np.float64) + np.asarray(skip, np.float64)
+    return reference_layer_norm(s, gamma, beta, epsilon)[0], s
+
+
+# ---- function bodies -------------------------------------------------------------------------------
+def _ln_node(x: str) -> onnx.NodeProto:
+    node = helper.make_node("LayerNormalization", [x, "gamma", "beta"], ["Y"], axis=-1)
+    node.attribute.append(attr_ref("epsilon", onnx.AttributeProto.FLOAT))
+    return node
+
+
+_EPS = Attr("epsilon", "float", 1e-5, "added to the variance before the square root")
+_TYPES = ("float", "float16", "bfloat16")
+
+LAYER_NORM = OpContract(
+    name="LayerNorm",
+    doc="Y = LayerNormalization(X, gamma, beta) over the last axis.",
+    inputs=(IO("X", "[..., H]"), IO("gamma", "[H]"), IO("beta", "[H]")),
+    outputs=(IO("Y", "[..., H]"),),
+    attrs=(_EPS,),
+    types=_TYPES,
+    body=lambda: [_ln_node("X")],
+    body_opset=17,
+    reference=reference_layer_norm,
+    kernel=KERNEL,
+    specializations=lambda _t: _specs(has_res=False),
+)
+
+ADD_LAYER_NORM = OpContract(
+    name="AddLayerNorm",
+    doc="sum = X + skip; Y = LayerNormalization(sum, gamma, beta) over the last axis.",
+    inputs=(IO("X", "[..., H]"), IO("skip", "same shape as X"), IO("gamma", "[H]"), IO("beta", "[H]")),
+    outputs=(IO("Y", "[..., H]"), IO("sum", "X + skip, for a later residual", optional=True)),
+    attrs=(_EPS,),
+    types=_TYPES,
+    body=lambda: [helper.make_node("Add", ["X", "skip"], ["sum"]), _ln_node("sum")],
+    body_opset=17,
+    reference=reference_add_layer_norm,
+    kernel=KERNEL,
+    specializations=lambda _t: _specs(has_res=True),
+)

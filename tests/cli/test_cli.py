@@ -1,0 +1,99 @@
+"""The CLI as users run it (a subprocess): optimize, build, doctor; bad input gives a clear message and
+exit code 2, and never touches the input or leaves a partial output."""
+
+import json
+
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.conftest import HAS_CUDA, run_cli
+
+
+def _ln_model(path, with_add=True):
+    h = 32
+    nodes = [helper.make_node("LayerNormalization", ["s" if with_add else "a", "g", "b"], ["y"], axis=-1)]
+    if with_add:
+        nodes.insert(0, helper.make_node("Add", ["a", "c"], ["s"]))
+    import numpy as np
+
+    inits = [numpy_helper.from_array(np.linspace(0.5, 1.5, h, dtype=np.float32), "g"),
+             numpy_helper.from_array(np.linspace(-1, 1, h, dtype=np.float32), "b")]
+    ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3, h]) for n in (["a", "c"] if with_add else ["a"])]
+    g = helper.make_graph(nodes, "g", ins, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, h])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), path)
+    return path
+
+
+def test_optimize_prints_tables_and_writes_json(tmp_path):
+    src = _ln_model(tmp_path / "in.onnx")
+    before = src.read_bytes()
+    res = run_cli("optimize", src, "-o", tmp_path / "out.onnx", "--json", tmp_path / "r.json", "-v")
+    assert "ai.ort_triton.AddLayerNorm" in res.stdout and "add_layer_norm" in res.stdout
+    assert src.read_bytes() == before
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["rules"]["add_layer_norm"]["matched"] == 1
+    assert report["ops_after"] == {"ai.ort_triton.AddLayerNorm": 1}
+    onnx.checker.check_model(onnx.load(tmp_path / "out.onnx"))
+
+
+def test_only_and_disable(tmp_path):
+    src = _ln_model(tmp_path / "in.onnx")
+    run_cli("optimize", src, "-o", tmp_path / "o1.onnx", "--disable", "add_layer_norm")
+    ops = {n.op_type for n in onnx.load(tmp_path / "o1.onnx").graph.node}
+    assert ops == {"Add", "LayerNorm"}
+    res = run_cli("optimize", src, "-o", tmp_path / "o2.onnx", "--only", "bogus", check=False)
+    assert res.returncode == 2 and "unknown rule 'bogus'" in res.stderr
+
+
+def test_nothing_to_fuse_says_so(tmp_path):
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    src = tmp_path / "relu.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), src)
+    res = run_cli("optimize", src, "-o", tmp_path / "o.onnx")
+    assert "nothing fused" in res.stdout
+
+
+@pytest.mark.parametrize("case", ["same_path", "corrupt", "missing"])
+def test_bad_input_exits_2_with_a_message(tmp_path, case):
+    src = _ln_model(tmp_path / "in.onnx")
+    out = tmp_path / "out.onnx"
+    if case == "same_path":
+        out = src
+        expect = "is the input"
+    elif case == "corrupt":
+        src.write_bytes(src.read_bytes()[: 40])
+        expect = "not a readable ONNX model"
+    else:
+        src = tmp_path / "nope.onnx"
+        expect = "no such file"
+    before = src.read_bytes() if src.exists() else None
+    res = run_cli("optimize", src, "-o", out, check=False)
+    assert res.returncode == 2, res
+    assert expect in res.stderr and "Traceback" not in res.stderr
+    if before is not None:
+        assert src.read_bytes() == before
+    assert not list(tmp_path.glob(".*.tmp")), "a partial output was left behind"
+    if case != "same_path":
+        assert not out.exists()
+
+
+def test_build_rejects_a_bad_arch():
+    res = run_cli("build", "--arch", "banana", check=False)
+    assert res.returncode == 2 and "compute capabilities" in res.stderr
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks what doctor says on a machine without a GPU")
+def test_doctor_reports_what_is_missing(native_library):
+    res = run_cli("doctor", check=False, env={"ORT_TRITON_LIBRARY": str(native_library)})
+    assert "onnxruntime" in res.stdout and str(native_library) in res.stdout
+    assert "registers in ORT" in res.stdout
+    # This machine has no GPU: doctor must say so and how it matters, and exit non-zero.
+    assert res.returncode == 1 and ("no CUDA driver" in res.stdout or "cuInit failed" in res.stdout)
+
+
+def test_python_m_entry_point():
+    res = run_cli("--help")
+    assert "optimize" in res.stdout and "build" in res.stdout

@@ -1,0 +1,78 @@
+"""The LayerNorm kernel under Triton's interpreter on the CPU, against the float64 reference.
+
+Odd hidden sizes (not multiples of 16, below and above block edges), 1-D to 4-D inputs, all three dtypes,
+with and without the residual and the stored sum. Outputs are poisoned with NaN before each run, so an
+element the kernel forgets to write fails the check.
+"""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from ort_triton.kernels.layer_norm import layer_norm
+from ort_triton.ops.layer_norm import reference_add_layer_norm, reference_layer_norm
+
+DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"  # conftest decides
+TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}
+SHAPES = [(7,), (3, 93), (2, 5, 64), (1, 1, 3, 257), (4, 1030), (2, 2049)]
+
+
+def _rand(shape, dtype, gen, scale=1.0, shift=0.0):
+    return (torch.randn(shape, generator=gen, dtype=torch.float64) * scale + shift).to(dtype).to(DEVICE)
+
+
+def _check(name, got, want, dtype):
+    got64 = got.to(torch.float64).cpu().numpy()
+    assert np.isfinite(got64).all(), f"{name}: unwritten (NaN) or non-finite elements"
+    err = np.abs(got64 - want).max() / max(np.abs(want).max(), 1e-6)
+    assert err < TOL[dtype], f"{name}: rel err {err:.2e} > {TOL[dtype]:.0e}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("mode", ["plain", "residual", "residual+sum"])
+def test_matches_reference(dtype, shape, mode):
+    gen = torch.Generator().manual_seed(hash((str(dtype), shape, mode)) % 2**31)
+    h = shape[-1]
+    # An offset mean (3.0) and a non-unit scale: a one-pass variance would lose digits here.
+    x = _rand(shape, dtype, gen, 2.0, 3.0)
+    skip = _rand(shape, dtype, gen) if mode != "plain" else None
+    gamma, beta = _rand((h,), dtype, gen, 0.5, 1.0), _rand((h,), dtype, gen)
+    out = torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
+    sum_out = torch.full(shape, float("nan"), dtype=dtype, device=DEVICE) if mode == "residual+sum" else None
+    eps = 1e-5
+    res = layer_norm(x, gamma, beta, skip, eps, store_sum=sum_out is not None, out=out, sum_out=sum_out)
+    f = lambda t: t.to(torch.float64).cpu().numpy()
+    if skip is None:
+        (want,) = reference_layer_norm(f(x), f(gamma), f(beta), eps)
+        _check("y", res, want, dtype)
+    else:
+        want, want_sum = reference_add_layer_norm(f(x), f(skip), f(gamma), f(beta), eps)
+        _check("y", res[0] if sum_out is not None else res, want, dtype)
+        if sum_out is not None:
+            _check("sum", res[1], want_sum, dtype)
+
+
+def test_constant_row_gives_beta():
+    """var = 0: y must be exactly beta (no NaN from 0/0)."""
+    x = torch.full((3, 50), 7.25, device=DEVICE)
+    gamma, beta = torch.randn(50, device=DEVICE), torch.randn(50, device=DEVICE)
+    y = layer_norm(x, gamma, beta)
+    torch.testing.assert_close(y, beta.expand(3, 50), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("bad, err", [
+    (dict(x=torch.zeros(2, 20000)), "hidden size 20000"),
+    (dict(x=torch.zeros(2, 8, dtype=torch.float64)), "dtype"),
+    (dict(gamma=torch.zeros(9)), "gamma"),
+    (dict(skip=torch.zeros(3, 8)), "skip"),
+])
+def test_bad_input_is_a_clear_error(bad, err):
+    args = dict(x=torch.zeros(2, 8), gamma=torch.ones(8), beta=torch.zeros(8), skip=None)
+    args.update(bad)
+    if "x" in bad and bad["x"].shape[-1] != 8:
+        args["gamma"] = args["beta"] = torch.ones(bad["x"].shape[-1])
+    with pytest.raises((ValueError, TypeError), match=err):
+        layer_norm(args["x"], args["gamma"], args["beta"], args["skip"])
