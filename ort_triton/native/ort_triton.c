@@ -3,6 +3,7 @@
  * Also exports the hooks the Python tests use to check plans on machines without a GPU. */
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,9 @@ typedef struct {
   OrtCustomOp base;
   const ot_op *op;
 } ot_custom_op;
+
+/* Kernels launched by this process: lets tests prove a node ran our kernel and not its function body. */
+static atomic_long launches;
 
 static const ot_op *table_op(const OrtCustomOp *base) { return ((const ot_custom_op *)base)->op; }
 
@@ -228,6 +232,7 @@ static OrtStatus *ORT_API_CALL kernel_compute(void *state, OrtKernelContext *con
   params[n + 1] = &scratch[1];
 
   if (ot_cuda_launch(plan.spec, plan.grid, stream, params, err, sizeof err)) return op_status(api, ORT_FAIL, op, err);
+  atomic_fetch_add_explicit(&launches, 1, memory_order_relaxed);
   return NULL;
 }
 
@@ -451,3 +456,4 @@ OT_EXPORT int ort_triton_num_ops(void) { return ot_n_ops; }
 OT_EXPORT const char *ort_triton_op_name(int i) { return i >= 0 && i < ot_n_ops ? ot_ops[i].name : NULL; }
 OT_EXPORT int ort_triton_op_type(int i) { return i >= 0 && i < ot_n_ops ? (int)ot_ops[i].type : 0; }
 OT_EXPORT int ort_triton_num_specs(int i) { return i >= 0 && i < ot_n_ops ? ot_ops[i].n_specs : 0; }
+OT_EXPORT long ort_triton_launches(void) { return atomic_load_explicit(&launches, memory_order_relaxed); }
