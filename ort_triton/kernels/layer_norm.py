@@ -27,9 +27,11 @@ def layer_norm_fwd(
         x += tl.load(R + offs, mask=mask, other=0.0).to(tl.float32)
         if STORE_SUM:
             tl.store(S + offs, x.to(S.dtype.element_ty), mask=mask)
-    mean = tl.sum(x, axis=1) / H
+    # div_rn: `/` is the approximate fp32 division, which turns a constant row's mean into mean + 1 ulp
+    # and its output into beta + (1 ulp * rstd); with round-to-nearest the row gives beta exactly.
+    mean = tl.div_rn(tl.sum(x, axis=1), H.to(tl.float32))
     d = tl.where(mask, x - mean[:, None], 0.0)
-    rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=1) / H + eps)
+    rstd = 1.0 / tl.sqrt_rn(tl.div_rn(tl.sum(d * d, axis=1), H.to(tl.float32)) + eps)
     w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
     b = tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)
     y = d * rstd[:, None] * w[None, :] + b[None, :]
@@ -38,9 +40,10 @@ def layer_norm_fwd(
 
 
 # ---- a torch entry point: the same kernel through Triton's JIT (tests, interpreter, GPU timing) -------
-def layer_norm(x, gamma, beta, skip=None, epsilon=1e-5, store_sum=False, *, out=None, sum_out=None):
+def layer_norm(x, gamma, beta, skip=None, epsilon=1e-5, store_sum=False, *, out=None, sum_out=None,
+               config: tuple[int, int] | None = None):
     """Run the kernel on torch tensors; returns y, or (y, sum) when store_sum. `out`/`sum_out` let a test
-    hand in poisoned buffers."""
+    hand in poisoned buffers; `config` = (ROWS, num_warps) overrides launch_config (tuning)."""
     import torch
 
     h = x.shape[-1]
@@ -59,7 +62,7 @@ def layer_norm(x, gamma, beta, skip=None, epsilon=1e-5, store_sum=False, *, out=
     skip = skip.contiguous() if skip is not None else None
     n_rows = x.numel() // h
     block = next(b for b in BLOCKS if b >= h)
-    rows, warps = launch_config(block)
+    rows, warps = config or launch_config(block)
     y = out if out is not None else torch.empty_like(x)
     s = (sum_out if sum_out is not None else torch.empty_like(x)) if store_sum else None
     layer_norm_fwd[(triton.cdiv(n_rows, rows),)](

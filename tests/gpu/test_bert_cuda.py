@@ -6,7 +6,6 @@ import ctypes
 import numpy as np
 import onnxruntime as ort
 import pytest
-import torch
 
 import graph_rewrites
 from ort_triton import models
@@ -36,12 +35,17 @@ def test_rewritten_bert_on_cuda(gpu_library, tmp_path, exporter, dtype):
     n_ours = sum(n.domain == "ai.ort_triton" for n in optimized.graph.node)
     assert n_ours == 1 + 2 * layers
     ref = ort.InferenceSession(str(ref_model), providers=["CPUExecutionProvider"])
-    sess = make_session(optimized, providers=["CUDAExecutionProvider"], library=gpu_library)
+    cuda = [("CUDAExecutionProvider", {"use_tf32": "0"})]  # ORT's default TF32 GEMMs would swamp the check
+    ours = make_session(optimized, providers=cuda, library=gpu_library)
+    stock = ort.InferenceSession(str(src), providers=cuda)
     feeds = random_inputs(ref, 4, 37, model.config.vocab_size)
     before = _launches(gpu_library)
-    (got,) = sess.run(None, feeds)
+    (got,) = ours.run(None, feeds)
     assert _launches(gpu_library) - before == n_ours
     (want,) = ref.run(None, feeds)
-    err = np.abs(got.astype(np.float64) - want).max() / np.abs(want).max()
-    assert err < (1e-4 if dtype == "float32" else 2e-2), err
-    assert torch.isfinite(torch.from_numpy(got.astype(np.float32))).all()
+    (theirs,) = stock.run(None, feeds)
+    err = lambda out: np.abs(out.astype(np.float64) - want).max() / np.abs(want).max()
+    assert np.isfinite(got).all()
+    # fp32: LayerNorm sums in another order than ORT's; fp16: no worse than ORT's own fp16 run
+    assert err(got) < (1e-4 if dtype == "float32" else 2e-2), (err(got), err(theirs))
+    assert err(got) <= 2 * err(theirs) + 1e-6, (err(got), err(theirs))
