@@ -15,6 +15,9 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | t
 python3 -m ort_triton build --arch 90 -o build/lib 2>&1 | tail -3 | tee "$OUT/build.log" || exit 1
 export ORT_TRITON_LIBRARY=$PWD/build/lib/libort_triton.so
 python3 -m ort_triton doctor 2>&1 | tee "$OUT/doctor.txt"
-python3 -m pytest -q -p no:cacheprovider tests/gpu tests/ops ${PYTEST_ARGS:-} 2>&1 | tail -25 | tee "$OUT/gpu_tests.log"
+python3 -m pytest -q -p no:cacheprovider -W ignore --tb=short tests/gpu tests/ops ${PYTEST_ARGS:-} \
+  > "$OUT/gpu_tests.log" 2>&1
+grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -15
+grep -m1 -B2 -A30 "^_____" "$OUT/gpu_tests.log"   # the first failure, whole
 python3 -m ort_triton.bench.layer_norm --library "$ORT_TRITON_LIBRARY" --json "$OUT/layer_norm_bench.json" \
   ${BENCH_ARGS:-} 2>&1 | tee "$OUT/layer_norm_bench.txt"

@@ -37,11 +37,15 @@ KERNEL = Kernel(
 )
 
 
+# (ROWS, num_warps) per block width, from a sweep on the H200 (fp16, 65536 rows; bench/results/
+# layer_norm_sweep_h200.json, `python -m ort_triton.bench.layer_norm_sweep`): few warps and ~32-64
+# elements per thread keep more rows in flight than wide programs do (8192: 1x4 is 1.37x faster than 1x16).
+_LAUNCH = {256: (8, 2), 1024: (2, 2), 2048: (1, 2), 4096: (1, 4), 8192: (1, 4), 16384: (1, 8)}
+
+
 def launch_config(block_h: int) -> tuple[int, int]:
-    """(ROWS, num_warps) for a block width: ~4096 elements per program, more warps for wide rows."""
-    rows = max(1, 4096 // block_h)
-    warps = 4 if block_h <= 1024 else 8 if block_h <= 4096 else 16
-    return rows, warps
+    """(ROWS, num_warps) for a block width."""
+    return _LAUNCH[block_h]
 
 
 def _specs(has_res: bool) -> list[Spec]:
