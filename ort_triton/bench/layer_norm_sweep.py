@@ -43,7 +43,7 @@ def main(argv=None) -> None:
                         results[(rows, warps)] = triton.testing.do_bench(fn, warmup=25, rep=100,
                                                                          return_mode="median")
                 best = min(results, key=results.get)
-                cur = launch_config(block)
+                cur = launch_config(block, mode != "plain", mode == "residual+sum")
                 gbs = functools.partial(lambda ms, nbytes: nbytes / ms / 1e6, nbytes=moved * x.numel() * 2)
                 print(f"{n:6} {h:5} {mode:13} best rows={best[0]:2} warps={best[1]:2} {results[best] * 1e3:8.2f} us "
                       f"{gbs(results[best]):5.0f} GB/s | current {cur} {results.get(cur, float('nan')) * 1e3:8.2f} us",

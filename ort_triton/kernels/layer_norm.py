@@ -62,7 +62,7 @@ def layer_norm(x, gamma, beta, skip=None, epsilon=1e-5, store_sum=False, *, out=
     skip = skip.contiguous() if skip is not None else None
     n_rows = x.numel() // h
     block = next(b for b in BLOCKS if b >= h)
-    rows, warps = config or launch_config(block)
+    rows, warps = config or launch_config(block, skip is not None, store_sum)
     y = out if out is not None else torch.empty_like(x)
     s = (sum_out if sum_out is not None else torch.empty_like(x)) if store_sum else None
     layer_norm_fwd[(triton.cdiv(n_rows, rows),)](

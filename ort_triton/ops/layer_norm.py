@@ -37,15 +37,23 @@ KERNEL = Kernel(
 )
 
 
-# (ROWS, num_warps) per block width, from a sweep on the H200 (fp16, 65536 rows; bench/results/
-# layer_norm_sweep_h200.json, `python -m ort_triton.bench.layer_norm_sweep`): few warps and ~32-64
-# elements per thread keep more rows in flight than wide programs do (8192: 1x4 is 1.37x faster than 1x16).
-_LAUNCH = {256: (8, 2), 1024: (2, 2), 2048: (1, 2), 4096: (1, 4), 8192: (1, 4), 16384: (1, 8)}
+# (ROWS, num_warps) per (block width, mode), from a sweep on the H200 (fp16, 65536 rows;
+# bench/results/layer_norm_sweep_h200.json, `python -m ort_triton.bench.layer_norm_sweep`): few warps and
+# 16-64 elements per thread keep more rows in flight than wide programs (H=8192 plain: 1x4 beats 1x16 by
+# 1.37x); the residual modes, with 3-4 streams, prefer more warps. 256/2048/16384 are interpolated.
+_LAUNCH = {  # block: (plain, residual, residual+sum)
+    256: ((8, 2), (8, 4), (8, 4)),
+    1024: ((2, 2), (2, 4), (2, 4)),
+    2048: ((1, 2), (1, 4), (1, 4)),
+    4096: ((2, 4), (2, 16), (2, 2)),
+    8192: ((1, 4), (2, 16), (1, 16)),
+    16384: ((1, 8), (1, 16), (1, 16)),
+}
 
 
-def launch_config(block_h: int) -> tuple[int, int]:
-    """(ROWS, num_warps) for a block width."""
-    return _LAUNCH[block_h]
+def launch_config(block_h: int, has_res: bool = False, store_sum: bool = False) -> tuple[int, int]:
+    """(ROWS, num_warps) for a block width and mode."""
+    return _LAUNCH[block_h][(1 + int(store_sum)) if has_res else 0]
 
 
 def _specs(has_res: bool) -> list[Spec]:
@@ -55,7 +63,7 @@ def _specs(has_res: bool) -> list[Spec]:
         for store_sum in ((0, 1) if has_res else (0,)):
             lo = 1
             for block in BLOCKS:
-                rows, warps = launch_config(block)
+                rows, warps = launch_config(block, has_res, bool(store_sum))
                 specs.append(Spec(
                     constexprs={"HAS_RES": int(has_res), "STORE_SUM": store_sum, "BLOCK_H": block, "ROWS": rows},
                     num_warps=warps,
