@@ -4,8 +4,9 @@ SkipLayerNormalization kernels, same process, same inputs.
     python -m ort_triton.bench.layer_norm --library build/lib/libort_triton.so --json OUT.json
 
 Each model is a chain of K identical nodes (y <- op(y[, r])), run on the CUDA EP with IO binding and
-ORT's CUDA graph, so the per-node time is the kernel's, not ORT's host overhead; timed with CUDA events
-(median of many replays after warm-up). Bytes per node: LayerNorm reads X and writes Y (2 tensors),
+ORT's CUDA graph, so the per-node time is the kernel's, not ORT's host overhead; timed with CUDA events,
+median of all replays over interleaved rounds (every variant of a shape in each round).
+Bytes per node: LayerNorm reads X and writes Y (2 tensors),
 with a residual it also reads the skip (3), and writes the sum when asked (4); gamma/beta are noise.
 The ceiling is the measured device-to-device copy bandwidth (FACTS.md: 4.08 TB/s, read + write).
 The Triton kernel alone (triton.testing.do_bench, no ORT) is reported beside it.
@@ -70,8 +71,8 @@ def chain_model(variant: str, hidden: int, type_name: str) -> onnx.ModelProto:
                              functions=[LAYER_NORM.function_proto(), ADD_LAYER_NORM.function_proto()])
 
 
-def time_session(model, feeds_torch: dict, library, reps: int) -> float:
-    """Median ms per run of a CUDA-graph-captured session with IO binding on torch buffers."""
+def make_runner(model, feeds_torch: dict, library):
+    """A CUDA-graph-captured session with IO binding on torch buffers; returns run() -> ms of one replay."""
     import onnxruntime as ort
     import torch
 
@@ -89,15 +90,17 @@ def time_session(model, feeds_torch: dict, library, reps: int) -> float:
     for _ in range(5):  # the first run captures the graph
         sess.run_with_iobinding(io, ro)
     torch.cuda.synchronize()
-    times = []
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(reps):
+
+    def run() -> float:
         start.record()
         sess.run_with_iobinding(io, ro)
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+        return start.elapsed_time(end)
+
+    run.session = sess  # keeps the session (and its buffers) alive with the runner
+    return run
 
 
 def _np_dtype(t):
@@ -130,7 +133,8 @@ def main(argv=None) -> None:
     p.add_argument("--rows", default="4096,65536")
     p.add_argument("--hidden", default="768,1024,4096,8192")
     p.add_argument("--types", default="float16")
-    p.add_argument("--reps", type=int, default=50)
+    p.add_argument("--reps", type=int, default=20, help="replays per variant per round")
+    p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args(argv)
     rows_list = [int(v) for v in args.rows.split(",")]
     hidden_list = [int(v) for v in args.hidden.split(",")]
@@ -143,10 +147,19 @@ def main(argv=None) -> None:
             for hidden in hidden_list:
                 x = torch.randn(rows, hidden, device="cuda", dtype=dt)
                 r = torch.randn(rows, hidden, device="cuda", dtype=dt)
-                for variant, (_op, domain, moved, residual) in VARIANTS.items():
-                    model = chain_model(variant, hidden, type_name)
+                # All variants of one shape are built first and then timed in interleaved rounds, so
+                # clock or thermal drift hits every variant alike (a few % between runs otherwise).
+                runners = {}
+                for variant, (_op, domain, _moved, residual) in VARIANTS.items():
                     feeds = {"x": x, **({"r": r} if residual else {})}
-                    ms = time_session(model, feeds, args.library if domain == DOMAIN else None, args.reps) / K
+                    runners[variant] = make_runner(chain_model(variant, hidden, type_name), feeds,
+                                                   args.library if domain == DOMAIN else None)
+                samples = {v: [] for v in runners}
+                for _ in range(args.rounds):
+                    for variant, run in runners.items():
+                        samples[variant] += [run() for _ in range(args.reps)]
+                for variant, (_op, domain, moved, _res) in VARIANTS.items():
+                    ms = statistics.median(samples[variant]) / K
                     nbytes = moved * rows * hidden * x.element_size()
                     gbs = nbytes / (ms * 1e-3) / 1e9
                     t_only = triton_only(rows, hidden, variant, type_name) if domain == DOMAIN else None
@@ -157,6 +170,7 @@ def main(argv=None) -> None:
                     print(f"{type_name:8} {rows:6} {hidden:5} {variant:32} {ms * 1e3:8.2f} {gbs:7.0f} "
                           f"{100 * gbs / CEILING_GBS:5.1f}% {'' if t_only is None else f'{t_only * 1e3:14.2f}'}",
                           flush=True)
+                del runners
     with open(args.json, "w") as fh:
         json.dump({"gpu": torch.cuda.get_device_name(), "ceiling_gbs": CEILING_GBS, "nodes_per_chain": K,
                    "rows": results}, fh, indent=1)
