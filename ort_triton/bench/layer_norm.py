@@ -15,6 +15,7 @@ The Triton kernel alone (triton.testing.do_bench, no ORT) is reported beside it.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 
@@ -125,8 +126,11 @@ def triton_only(rows: int, hidden: int, variant: str, type_name: str) -> float:
 
 
 def main(argv=None) -> None:
+    import sys
+
     import torch
 
+    argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--library", required=True)
     p.add_argument("--json", required=True)
@@ -136,6 +140,13 @@ def main(argv=None) -> None:
     p.add_argument("--reps", type=int, default=20, help="replays per variant per round")
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args(argv)
+    import triton
+
+    src = torch.randn(2**29, device="cuda", dtype=torch.float16)  # 1 GiB, far past the 60 MB L2
+    copy_ms = triton.testing.do_bench(functools.partial(torch.empty_like(src).copy_, src), warmup=50, rep=400,
+                                      return_mode="median")
+    copy_gbs = 2 * src.numel() * 2 / (copy_ms * 1e-3) / 1e9
+    print(f"device-to-device copy in this run: {copy_gbs:.0f} GB/s (FACTS.md ceiling {CEILING_GBS:.0f})")
     rows_list = [int(v) for v in args.rows.split(",")]
     hidden_list = [int(v) for v in args.hidden.split(",")]
     results = []
@@ -172,7 +183,8 @@ def main(argv=None) -> None:
                           flush=True)
                 del runners
     with open(args.json, "w") as fh:
-        json.dump({"gpu": torch.cuda.get_device_name(), "ceiling_gbs": CEILING_GBS, "nodes_per_chain": K,
+        json.dump({"gpu": torch.cuda.get_device_name(), "ceiling_gbs": CEILING_GBS, "copy_gbs_this_run": copy_gbs,
+                   "nodes_per_chain": K, "command": "python -m ort_triton.bench.layer_norm " + " ".join(argv or []),
                    "rows": results}, fh, indent=1)
 
 
