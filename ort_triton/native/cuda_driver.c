@@ -90,6 +90,13 @@ static void load_driver(void) {
   }
 }
 
+int ot_cuda_driver_status(char *err, size_t err_len) {
+  pthread_once(&driver_once, load_driver);
+  if (!driver_error[0]) return 0;
+  snprintf(err, err_len, "%s", driver_error);
+  return 1;
+}
+
 /* Writes "<call> failed: <driver text> (CUDA error N)<hint>" and returns 1, so a failing call reads
  * `return cu_fail(...)`. */
 static int cu_fail(CUresult r, const char *call, const char *hint, char *err, size_t err_len) {
@@ -181,11 +188,7 @@ static int launch_current(CUcontext ctx, const ot_spec *spec, const unsigned gri
 
 int ot_cuda_launch(const ot_spec *spec, const unsigned grid[3], void *stream, void **params, char *err,
                    size_t err_len) {
-  pthread_once(&driver_once, load_driver);
-  if (driver_error[0]) {
-    snprintf(err, err_len, "%s", driver_error);
-    return 1;
-  }
+  if (ot_cuda_driver_status(err, err_len)) return 1;
 
   /* The stream's context, not the calling thread's, decides the device: ORT may run this thread
    * with another device's context current, or none. */

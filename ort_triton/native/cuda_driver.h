@@ -13,6 +13,10 @@
  * the library holds when none fits. Implemented in dispatch.c: it needs no driver. */
 const ot_image *ot_pick_image(const ot_spec *spec, int arch, char *err, size_t err_len);
 
+/* Opens the driver if that has not been tried yet: 0 when it is usable, else 1 and the reason in err
+ * (the message a launch would give). Thread-safe. */
+int ot_cuda_driver_status(char *err, size_t err_len);
+
 /* Launch spec's kernel on stream (a CUstream; NULL: the current context's default stream) with the
  * image that fits the stream's device. params is the full parameter array cuLaunchKernel takes.
  * Thread-safe. Returns 0, or nonzero with a message in err. */
