@@ -125,6 +125,29 @@ def triton_only(rows: int, hidden: int, variant: str, type_name: str) -> float:
     return triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
 
 
+PAIRS = (("LayerNorm", "ort_triton_LayerNorm", "ort_LayerNormalization"),
+         ("AddLayerNorm", "ort_triton_AddLayerNorm", "ort_SkipLayerNormalization"),
+         ("AddLayerNorm+sum", "ort_triton_AddLayerNorm+sum", "ort_SkipLayerNormalization+sum"))
+
+
+def summary(report: dict) -> str:
+    """A markdown table: per shape and op, our time, ORT's, the speedup, and our fraction of the ceiling."""
+    by = {(r["type"], r["rows"], r["hidden"], r["variant"]): r for r in report["rows"]}
+    lines = [f"GPU: {report['gpu']}; copy in the same run {report.get('copy_gbs_this_run', float('nan')):.0f} GB/s; "
+             f"ceiling {report['ceiling_gbs']:.0f} GB/s (FACTS.md); {report['nodes_per_chain']}-node chains in ORT "
+             "CUDA graphs; us per node (median).", "",
+             "| type | rows x H | op | ort_triton us | ORT us (its kernel) | speedup | ort_triton % of ceiling |",
+             "|---|---|---|---|---|---|---|"]
+    for (t, rows, h, variant), ours in by.items():
+        for label, mine, theirs in PAIRS:
+            if variant == mine:
+                ref = by[(t, rows, h, theirs)]
+                lines.append(f"| {t} | {rows} x {h} | {label} | {ours['us_per_node']:.2f} | {ref['us_per_node']:.2f} "
+                             f"({theirs.removeprefix('ort_')}) | {ref['us_per_node'] / ours['us_per_node']:.3f}x | "
+                             f"{100 * ours['ceiling_frac']:.1f}% |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> None:
     import sys
 
@@ -132,14 +155,21 @@ def main(argv=None) -> None:
 
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--library", required=True)
-    p.add_argument("--json", required=True)
+    p.add_argument("--library", help="libort_triton.so to benchmark")
+    p.add_argument("--json", required=True, help="where to write the rows (with --summarize: the rows to read)")
+    p.add_argument("--summarize", action="store_true", help="print the markdown table of an earlier --json")
     p.add_argument("--rows", default="4096,65536")
     p.add_argument("--hidden", default="768,1024,4096,8192")
     p.add_argument("--types", default="float16")
     p.add_argument("--reps", type=int, default=20, help="replays per variant per round")
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args(argv)
+    if args.summarize:
+        with open(args.json) as fh:
+            print(summary(json.load(fh)), end="")
+        return
+    if not args.library:
+        p.error("--library is required to run the benchmark")
     import triton
 
     src = torch.randn(2**29, device="cuda", dtype=torch.float16)  # 1 GiB, far past the 60 MB L2
@@ -186,6 +216,8 @@ def main(argv=None) -> None:
         json.dump({"gpu": torch.cuda.get_device_name(), "ceiling_gbs": CEILING_GBS, "copy_gbs_this_run": copy_gbs,
                    "nodes_per_chain": K, "command": "python -m ort_triton.bench.layer_norm " + " ".join(argv or []),
                    "rows": results}, fh, indent=1)
+    with open(args.json) as fh:
+        print(summary(json.load(fh)), end="")
 
 
 if __name__ == "__main__":
