@@ -64,9 +64,9 @@ def _load(model) -> onnx.ModelProto:
 
 
 def _finish(proto: onnx.ModelProto) -> None:
-    """Attach one function body per op used, import the domain, and list every output of our nodes with
-    "" for optional ones nobody reads (ORT needs all listed; "" tells the kernel to skip writing them;
-    see ort_triton/contract.py)."""
+    """Drop initializers nothing reads, attach one function body per op used, import the domain, and list
+    every output of our nodes, with "" for optional ones nobody reads (ORT needs all listed; "" tells the
+    kernel to skip writing them; see ort_triton/contract.py)."""
     read = {o.name for o in proto.graph.output}
     for g in _graphs(proto.graph):
         read.update(i for n in g.node for i in n.input)
@@ -82,6 +82,11 @@ def _finish(proto: onnx.ModelProto) -> None:
             for i, out in enumerate(contract.outputs):
                 if out.optional and i < len(node.output) and node.output[i] not in read:
                     node.output[i] = ""
+    # initializers nothing reads any more: constants of the fused subgraphs, zero biases a stage-1 rule
+    # invented and a later stage replaced (graph inputs stay: they are part of the model's interface)
+    inputs = {i.name for i in proto.graph.input}
+    for t in [t for t in proto.graph.initializer if t.name not in read and t.name not in inputs]:
+        proto.graph.initializer.remove(t)
     have = {(f.domain, f.name) for f in proto.functions}
     for name in sorted(used):
         if (DOMAIN, name) not in have:

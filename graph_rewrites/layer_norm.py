@@ -42,15 +42,11 @@ class _LayerNormRule(pattern.RewriteRuleClassBase):
     """Shared rewrite: emit ot.LayerNorm, inventing a zero beta where the model has none (the contract
     takes no absent inputs, see ort_triton/contract.py)."""
 
-    def __init__(self, name: str):
-        super().__init__(name)
-        self._zero_betas = 0
-
     def _beta(self, op, beta, x: ir.Value, hidden: int):
         if beta is not None:
             return beta
-        self._zero_betas += 1
-        zeros = ir.tensor(np.zeros(hidden, dtype=x.dtype.numpy()), name=f"ot_zero_beta_{self._zero_betas}")
+        # named after the normalised value: unique in the graph, and the same on every run
+        zeros = ir.tensor(np.zeros(hidden, dtype=x.dtype.numpy()), name=f"{x.name}__ot_zero_beta")
         return op.initializer(zeros)
 
 

@@ -19,6 +19,7 @@ from onnxscript.rewriter._rewrite_rule import RULE_NAME_TAG
 
 from ort_triton.contract import DOMAIN
 
+from . import gelu
 from . import layer_norm as ln
 
 
@@ -42,6 +43,14 @@ RULES: tuple[RuleInfo, ...] = (
              lambda: [ln.DecomposedLayerNormRule.rule("layer_norm_decomposed_no_beta", axes_as_input=i,
                                                       with_beta=False)
                       for i in (True, False)], commute=True),
+    RuleInfo("gelu", "Gelu(s) (opset 20, erf or tanh) -> BiasGelu[Tanh](s, 0)", 1,
+             lambda: [gelu.GeluOpRule.rule("gelu", tanh=t) for t in (False, True)]),
+    RuleInfo("gelu_erf", "0.5 * s * (1 + erf(s / sqrt 2)) -> BiasGelu(s, 0)", 1,
+             lambda: [gelu.GeluErfRule.rule("gelu_erf", form=f) for f in range(3)], commute=True),
+    RuleInfo("gelu_tanh", "0.5 * s * (1 + tanh(sqrt(2/pi) (s + 0.044715 s^3))) -> BiasGeluTanh(s, 0)", 1,
+             lambda: [gelu.GeluTanhRule.rule("gelu_tanh", form=f) for f in range(3)], commute=True),
+    RuleInfo("bias_gelu", "BiasGelu[Tanh](x + b, 0) -> BiasGelu[Tanh](x, b)", 2,
+             lambda: [gelu.FoldBiasRule.rule("bias_gelu", tanh=t) for t in (False, True)], commute=True),
     RuleInfo("add_layer_norm", "LayerNorm(a + b) -> AddLayerNorm(a, b)", 3,
              lambda: [ln.AddLayerNormRule.rule("add_layer_norm")]),
     RuleInfo("add_layer_norm_keep_sum", "LayerNorm(s = a + b), s used -> AddLayerNorm(a, b) -> (y, s)", 3,

@@ -141,8 +141,8 @@ def _attr_value(attr: Attr, value):
     return float(value) if attr.kind == "float" else int(value)
 
 
-def attr_ref(name: str, proto_type: int) -> onnx.AttributeProto:
-    """An attribute of a body node that takes its value from the function's attribute `name`."""
+def attr_ref(ref: str, proto_type: int, name: str | None = None) -> onnx.AttributeProto:
+    """An attribute `name` (default: `ref`) of a body node that takes the function's attribute `ref`."""
     a = onnx.AttributeProto()
-    a.name, a.ref_attr_name, a.type = name, name, proto_type
+    a.name, a.ref_attr_name, a.type = name or ref, ref, proto_type
     return a

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "ot_table.h"
+#include "planner_util.h"
 
 /* Dispatch keys, in the order the op contract lists them. */
 enum { KEY_HAS_BETA, KEY_STORE_SUM, KEY_H_DIV16, KEY_H, N_KEYS };
@@ -20,36 +21,6 @@ enum { CONST_BLOCK_H, CONST_ROWS_PER_PROGRAM };
 static int has_skip(const ot_op *op) { return strcmp(op->name, "AddLayerNorm") == 0; }
 static int gamma_index(const ot_op *op) { return 1 + has_skip(op); }
 static int beta_index(const ot_op *op) { return 2 + has_skip(op); }
-
-/* n_rows: the product of all dims but the last; -1 if it exceeds int32 (the kernel's row index). */
-static int64_t row_count(const ot_desc *x) {
-  for (size_t i = 0; i + 1 < x->rank; i++)
-    if (x->dims[i] == 0) return 0; /* empty, however large the other dims */
-  int64_t rows = 1;
-  for (size_t i = 0; i + 1 < x->rank; i++) {
-    rows *= x->dims[i];
-    if (rows > INT32_MAX) return -1; /* checked every step, so the product never overflows int64 */
-  }
-  return rows;
-}
-
-static const char *shape_text(const ot_desc *d, char *buf, size_t len) {
-  size_t used = (size_t)snprintf(buf, len, "[");
-  for (size_t i = 0; i < d->rank && used < len; i++)
-    used += (size_t)snprintf(buf + used, len - used, "%s%lld", i ? "," : "", (long long)d->dims[i]);
-  if (used < len) snprintf(buf + used, len - used, "]");
-  return buf;
-}
-
-/* gamma and beta hold one value per hidden unit: shape exactly [H]. */
-static int check_vector(const ot_op *op, const ot_desc *in, int index, int64_t h, char *err, size_t err_len) {
-  const ot_desc *v = &in[index];
-  if (v->rank == 1 && v->dims[0] == h) return 0;
-  char shape[160];
-  snprintf(err, err_len, "input %s has shape %s; it must be [%lld], the last dimension (H) of input %s",
-           op->inputs[index].name, shape_text(v, shape, sizeof shape), (long long)h, op->inputs[0].name);
-  return 1;
-}
 
 /* Says why no spec fits: H outside everything the table covers, or a combination it lacks. */
 static void no_spec_error(const ot_op *op, const int64_t *keys, char *err, size_t err_len) {
@@ -85,42 +56,18 @@ int ot_layer_norm_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_o
 
   const ot_desc *x = &in[0];
   const char *x_name = op->inputs[0].name;
-  if (x->rank < 1 || x->rank > 8) {
-    snprintf(err, err_len, "input %s has rank %zu; it must have rank 1..8 (normalisation is over the last axis)",
-             x_name, x->rank);
-    return 1;
-  }
-  for (size_t i = 0; i < x->rank; i++) {
-    if (x->dims[i] < 0) { /* ORT never passes these; the test hook can */
-      snprintf(err, err_len, "input %s has a negative dimension", x_name);
-      return 1;
-    }
-  }
+  if (ot_check_rows_by_h(x, x_name, err, err_len)) return 1;
   const int64_t h = x->dims[x->rank - 1];
-  if (h < 1) {
-    snprintf(err, err_len, "input %s has last dimension H=%lld; H must be at least 1", x_name, (long long)h);
-    return 1;
-  }
-  if (h > INT32_MAX) {
-    snprintf(err, err_len, "input %s has last dimension H=%lld; at most %d is supported", x_name, (long long)h,
-             INT32_MAX);
-    return 1;
-  }
-  const int64_t n_rows = row_count(x);
-  if (n_rows < 0) {
-    snprintf(err, err_len, "input %s has more than %d rows (the product of all dimensions but the last); "
-                           "split the batch", x_name, INT32_MAX);
-    return 1;
-  }
+  const int64_t n_rows = ot_row_count(x);
   if (skip && (in[1].rank != x->rank || memcmp(in[1].dims, x->dims, x->rank * sizeof x->dims[0]) != 0)) {
     char a[160], b[160];
     snprintf(err, err_len, "input %s has shape %s but input %s has shape %s; they must be equal (no broadcasting)",
-             op->inputs[1].name, shape_text(&in[1], a, sizeof a), x_name, shape_text(x, b, sizeof b));
+             op->inputs[1].name, ot_shape_text(&in[1], a, sizeof a), x_name, ot_shape_text(x, b, sizeof b));
     return 1;
   }
-  if (check_vector(op, in, gamma_index(op), h, err, err_len)) return 1;
+  if (ot_check_vector(op, in, gamma_index(op), h, err, err_len)) return 1;
   const int has_beta = in[beta_index(op)].present;
-  if (has_beta && check_vector(op, in, beta_index(op), h, err, err_len)) return 1;
+  if (has_beta && ot_check_vector(op, in, beta_index(op), h, err, err_len)) return 1;
 
   const int64_t keys[N_KEYS] = {has_beta, skip && n_outputs == 2, h % 16 == 0, h};
   const ot_spec *spec = ot_find_spec(op, keys, N_KEYS);
@@ -146,13 +93,6 @@ int ot_layer_norm_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_o
   return 0;
 }
 
-/* storage holds OT_MAX_PARAMS 8-byte slots; each parameter gets its own slot, and cuLaunchKernel reads
- * from the slot as many bytes as the kernel's signature says (8 for pointers, 4 for int32/float32). */
-static void put(uint64_t *slot, void **params, int i, const void *value, size_t size) {
-  memcpy(&slot[i], value, size);
-  params[i] = &slot[i];
-}
-
 int ot_layer_norm_params(const ot_op *op, const ot_plan *plan, const ot_desc *in, void *const *ptrs,
                          const double *attrs, void *storage, void **params) {
   (void)plan; /* the spec's constants are compiled into the kernel; only shapes are passed */
@@ -166,15 +106,15 @@ int ot_layer_norm_params(const ot_op *op, const ot_plan *plan, const ot_desc *in
       ptrs[n_in],                    /* Y */
       skip ? ptrs[n_in + 1] : NULL,  /* S: sum, NULL when the node does not ask for it */
   };
-  const int32_t n_rows = (int32_t)row_count(&in[0]); /* the plan checked it fits */
+  const int32_t n_rows = (int32_t)ot_row_count(&in[0]); /* the plan checked it fits */
   const int32_t h = (int32_t)in[0].dims[in[0].rank - 1];
   const float eps = (float)attrs[0];
 
   uint64_t *slot = storage;
   int n = 0;
-  for (int i = 0; i < 6; i++) put(slot, params, n++, &pointers[i], sizeof pointers[i]);
-  put(slot, params, n++, &n_rows, sizeof n_rows);
-  put(slot, params, n++, &h, sizeof h);
-  put(slot, params, n++, &eps, sizeof eps);
+  for (int i = 0; i < 6; i++) ot_put_param(slot, params, n++, &pointers[i], sizeof pointers[i]);
+  ot_put_param(slot, params, n++, &n_rows, sizeof n_rows);
+  ot_put_param(slot, params, n++, &h, sizeof h);
+  ot_put_param(slot, params, n++, &eps, sizeof eps);
   return n;
 }

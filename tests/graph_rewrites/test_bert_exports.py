@@ -1,7 +1,7 @@
 """Real exports: BERT-style encoders from transformers configs (random weights), both torch exporters.
 
 Every LayerNorm must be fused (the embeddings one as LayerNorm: its Add broadcasts the position
-embeddings; every encoder one as AddLayerNorm), and the rewritten model must give the original's outputs
+embeddings; every encoder one as AddLayerNorm), every GELU with its bias as BiasGelu, and the rewritten model must give the original's outputs
 on ORT CPU through the function bodies (fp32, rel err < 1e-5).
 """
 
@@ -33,6 +33,7 @@ def test_every_layer_norm_fused_and_outputs_equal(built, tmp_path, name, exporte
     assert after["ai.ort_triton.LayerNorm"] == 1, after
     assert after["ai.ort_triton.AddLayerNorm"] == 2 * layers, after
     assert after["LayerNormalization"] == 0 and after["ReduceMean"] == 0, after
+    assert after["ai.ort_triton.BiasGelu"] == layers and after["Gelu"] == after["Erf"] == 0, after
     ref = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
     new = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
     for batch, seq in ((2, 13), (1, 7)):  # shapes other than the export's: the model stays dynamic

@@ -1,0 +1,147 @@
+"""GELU fusions -> BiasGelu / BiasGeluTanh (contracts: ort_triton/ops/bias_gelu.py).
+
+Stage 1 turns every GELU, whatever its spelling, into BiasGelu[Tanh](s, zero bias): the Gelu op
+(opset 20), the erf expression (0.5 * s * (1 + erf(s / sqrt 2))) and the tanh expression, in the operand
+orders exporters use. Stage 2 folds the MatMul's bias Add in front (s = x + b, b a [H] vector) into the
+op. The MatMul stays ORT's (cuBLAS); only what follows it is fused.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx_ir as ir
+from onnxscript.rewriter import _ir_utils, pattern
+
+from ort_triton.contract import DOMAIN
+from ort_triton.ops.bias_gelu import BIAS_GELU, BIAS_GELU_TANH
+
+_TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
+
+
+def _hidden(result: pattern.MatchResult, s: ir.Value):
+    """H, the static last dim of s, or a failed MatchResult."""
+    if s.dtype not in _TYPES:
+        return result.fail(f"element type {s.dtype} is not one of float, float16, bfloat16", s)
+    if s.shape is None or s.shape.rank() < 1 or not isinstance(s.shape[-1], int):
+        return result.fail(f"the last dimension of the input is not static (shape {s.shape})", s)
+    return s.shape[-1]
+
+
+def _is(value: ir.Value | None, want: float, rel: float = 1e-6) -> bool:
+    got = None if value is None else _ir_utils.get_singleton_value(value)
+    return got is not None and abs(float(got) - want) <= rel * abs(want)
+
+
+def _outer(op, s, t1, half, form: int):
+    """0.5 * s * t1 in the three groupings exporters write (a pattern's result cannot be a choice, so
+    each grouping is its own rule; commute=True covers the operand orders)."""
+    if form == 0:
+        return op.Mul(op.Mul(s, t1), half)
+    if form == 1:
+        return op.Mul(op.Mul(s, half), t1)
+    return op.Mul(s, op.Mul(t1, half))
+
+
+class _GeluToOp(pattern.RewriteRuleClassBase):
+    """Shared check/rewrite: the input must have a static H; emit the op with a zero bias."""
+
+    tanh = False
+
+    def __init__(self, name: str, *, form: int = 0):
+        super().__init__(name)
+        self.form = form
+
+    def _check_constants(self, result, **bindings):
+        return result
+
+    def check(self, context, s, **bindings):
+        result = pattern.MatchResult()
+        hidden = _hidden(result, s)
+        if not isinstance(hidden, int):
+            return hidden
+        self._hidden = hidden
+        return self._check_constants(result, **bindings)
+
+    def rewrite(self, op, s, **_):
+        # named after the value it biases: unique in the graph, and the same on every run
+        zeros = ir.tensor(np.zeros(self._hidden, dtype=s.dtype.numpy()), name=f"{s.name}__ot_zero_bias")
+        contract = BIAS_GELU_TANH if self.tanh else BIAS_GELU
+        return contract.node(op, s, op.initializer(zeros))
+
+
+class GeluOpRule(_GeluToOp):
+    """Gelu(s, approximate=none|tanh) (opset 20) -> BiasGelu[Tanh](s, 0)"""
+
+    def __init__(self, name: str, *, tanh: bool):
+        super().__init__(name)
+        self.tanh = tanh
+
+    def pattern(self, op, s):
+        return op.Gelu(s, _allow_other_attributes=True, _outputs=["y"])
+
+    def _check_constants(self, result, y, **_):  # the attribute may be absent: its default is "none"
+        approximate = y.producer().attributes.get_string("approximate", "none")
+        if approximate != ("tanh" if self.tanh else "none"):
+            return result.fail(f"approximate={approximate!r} is the other rule's", y.producer())
+        return result
+
+
+class GeluErfRule(_GeluToOp):
+    """0.5 * s * (1 + erf(s / sqrt 2)), any operand order -> BiasGelu(s, 0)"""
+
+    def pattern(self, op, s, c, one, half):
+        t1 = op.Add(op.Erf(pattern.OrValue([op.Div(s, c, _outputs=["div"]), op.Mul(s, c)])), one)
+        return _outer(op, s, t1, half, self.form)
+
+    def _check_constants(self, result, c, one, half, div=None, **_):
+        scale_ok = _is(c, math.sqrt(2)) if div is not None else _is(c, 1 / math.sqrt(2))
+        if not (scale_ok and _is(one, 1.0) and _is(half, 0.5)):
+            return result.fail("constants are not those of gelu (sqrt 2, 1, 0.5)", [c, one, half])
+        return result
+
+
+class GeluTanhRule(_GeluToOp):
+    """0.5 * s * (1 + tanh(sqrt(2/pi) * (s + 0.044715 * s^3))), any operand order -> BiasGeluTanh(s, 0)"""
+
+    tanh = True
+
+    def pattern(self, op, s, three, k1, k0, one, half):
+        cube = pattern.OrValue([op.Pow(s, three), op.Mul(op.Mul(s, s), s)])
+        inner = op.Mul(op.Add(s, op.Mul(cube, k1)), k0)
+        t1 = op.Add(op.Tanh(inner), one)
+        return _outer(op, s, t1, half, self.form)
+
+    def _check_constants(self, result, k1, k0, one, half, three=None, **_):
+        ok = (_is(k0, math.sqrt(2 / math.pi), 1e-5) and _is(k1, 0.044715, 1e-5) and _is(one, 1.0)
+              and _is(half, 0.5) and (three is None or _is(three, 3.0)))
+        if not ok:
+            return result.fail("constants are not those of the tanh gelu (sqrt(2/pi), 0.044715, 1, 0.5, 3)",
+                               [k0, k1, one, half])
+        return result
+
+
+class FoldBiasRule(pattern.RewriteRuleClassBase):
+    """BiasGelu[Tanh](x + b, 0), b a [H] vector -> BiasGelu[Tanh](x, b)"""
+
+    def __init__(self, name: str, *, tanh: bool):
+        super().__init__(name)
+        self.contract = BIAS_GELU_TANH if tanh else BIAS_GELU
+
+    def pattern(self, op, x, b, zero):
+        return getattr(op, self.contract.name)(op.Add(x, b), zero, _domain=DOMAIN)
+
+    def check(self, context, x, b, zero, **_):
+        result = pattern.MatchResult()
+        z = zero.const_value
+        if z is None or np.any(z.numpy()):
+            return result.fail("the op already has a bias", zero)
+        if b.shape is None or list(b.shape) != list(zero.shape) or b.dtype != x.dtype:
+            return result.fail(f"the Add's other operand is {b.dtype} {b.shape}, not a [{zero.shape}] bias", b)
+        if x.shape is None or x.shape.rank() < 1 or x.shape[-1] != zero.shape[0]:
+            return result.fail(f"the Add broadcasts ({x.shape} + {b.shape}): not a bias over the last axis", x)
+        return result
+
+    def rewrite(self, op, x, b, **_):
+        return self.contract.node(op, x, b)

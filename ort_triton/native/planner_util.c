@@ -1,0 +1,64 @@
+/* planner_util.c: see planner_util.h. */
+#include "planner_util.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+
+int64_t ot_row_count(const ot_desc *x) {
+  for (size_t i = 0; i + 1 < x->rank; i++)
+    if (x->dims[i] == 0) return 0; /* empty, however large the other dims */
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < x->rank; i++) {
+    rows *= x->dims[i];
+    if (rows > INT32_MAX) return -1; /* checked every step, so the product never overflows int64 */
+  }
+  return rows;
+}
+
+const char *ot_shape_text(const ot_desc *d, char *buf, size_t len) {
+  size_t used = (size_t)snprintf(buf, len, "[");
+  for (size_t i = 0; i < d->rank && used < len; i++)
+    used += (size_t)snprintf(buf + used, len - used, "%s%lld", i ? "," : "", (long long)d->dims[i]);
+  if (used < len) snprintf(buf + used, len - used, "]");
+  return buf;
+}
+
+int ot_check_rows_by_h(const ot_desc *x, const char *name, char *err, size_t err_len) {
+  if (x->rank < 1 || x->rank > 8) {
+    snprintf(err, err_len, "input %s has rank %zu; it must have rank 1..8 (the op works along the last axis)", name,
+             x->rank);
+    return 1;
+  }
+  for (size_t i = 0; i < x->rank; i++) {
+    if (x->dims[i] < 0) { /* ORT never passes these; the test hook can */
+      snprintf(err, err_len, "input %s has a negative dimension", name);
+      return 1;
+    }
+  }
+  const int64_t h = x->dims[x->rank - 1];
+  if (h < 1 || h > INT32_MAX) {
+    snprintf(err, err_len, "input %s has last dimension H=%lld; H must be 1..%d", name, (long long)h, INT32_MAX);
+    return 1;
+  }
+  if (ot_row_count(x) < 0) {
+    snprintf(err, err_len, "input %s has more than %d rows (the product of all dimensions but the last); "
+                           "split the batch", name, INT32_MAX);
+    return 1;
+  }
+  return 0;
+}
+
+int ot_check_vector(const ot_op *op, const ot_desc *in, int index, int64_t h, char *err, size_t err_len) {
+  const ot_desc *v = &in[index];
+  if (v->rank == 1 && v->dims[0] == h) return 0;
+  char shape[160];
+  snprintf(err, err_len, "input %s has shape %s; it must be [%lld], the last dimension (H) of input %s",
+           op->inputs[index].name, ot_shape_text(v, shape, sizeof shape), (long long)h, op->inputs[0].name);
+  return 1;
+}
+
+void ot_put_param(uint64_t *slots, void **params, int i, const void *value, size_t size) {
+  memcpy(&slots[i], value, size);
+  params[i] = &slots[i];
+}

@@ -1,0 +1,28 @@
+/* planner_util.h: helpers every op planner needs (row counts, shape text, kernel parameter slots). */
+#ifndef OT_PLANNER_UTIL_H
+#define OT_PLANNER_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ot_table.h"
+
+/* The product of all dims but the last (the rows of a [..., H] tensor); 0 if any of them is 0; -1 if it
+ * exceeds int32 (the kernels' row index). */
+int64_t ot_row_count(const ot_desc *x);
+
+/* "[2,3,768]" into buf; returns buf. */
+const char *ot_shape_text(const ot_desc *d, char *buf, size_t len);
+
+/* Checks rank 1..8 and no negative dim, and that the last dim is 1..INT32_MAX; writes the error for input
+ * `name` and returns 1 otherwise. */
+int ot_check_rows_by_h(const ot_desc *x, const char *name, char *err, size_t err_len);
+
+/* Input `index` of op must be exactly [h] (a per-column vector such as gamma, beta or a bias). */
+int ot_check_vector(const ot_op *op, const ot_desc *in, int index, int64_t h, char *err, size_t err_len);
+
+/* storage holds OT_MAX_PARAMS 8-byte slots; parameter i gets slot i, and cuLaunchKernel reads from it as
+ * many bytes as the kernel's signature says (8 for pointers, 4 for int32/float32). */
+void ot_put_param(uint64_t *slots, void **params, int i, const void *value, size_t size);
+
+#endif

@@ -1,0 +1,123 @@
+"""MultiHeadAttention: softmax(Q K^T * scale + key_bias) V over heads, on the projections' own layout.
+
+    Q [B, Sq, N*D], K and V [B, Skv, N*D]     (the MatMul+bias outputs, before any head reshape)
+    key_bias [B, Skv]                          additive, per key: 0 keeps a key, a large negative drops it
+    for each head n:  Y[b, :, n*D:(n+1)*D] = softmax(Q_n K_n^T * scale + key_bias[b]) V_n
+
+Taking the projections before the Reshape/Transpose to [B, N, S, D], and the padding mask as one bias
+per key, is what lets the kernel skip both the head transposes and the [B, 1, Sq, Skv] mask that
+exporters materialise: the rewriter proves the graph's mask is a key-padding mask and replaces it with
+key_bias (graph_rewrites/attention.py).
+
+A row with no key left (a fully padded sequence) is defined, NaN-free, two ways, because exporters differ:
+- key_bias = finfo.min on every key (eager attention's additive mask): every score is equally tiny, the
+  weights are uniform and the row is the mean of V rows;
+- key_bias = -inf on every key (sdpa's boolean mask, whose export zeroes NaN rows with IsNaN/Where): the
+  row is 0. The body does that too (softmax's NaN row -> 0), so the rewriter keeps either meaning exactly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from ..contract import IO, Attr, Kernel, OpContract, Spec, attr_ref
+
+HEAD_DIMS = (32, 40, 64, 80, 96, 128)
+
+
+def reference_attention(q, k, v, key_bias, num_heads, scale):
+    """float64 numpy reference; inputs in the contract's layout."""
+    q, k, v, kb = (np.asarray(a, np.float64) for a in (q, k, v, key_bias))
+    b, sq, hidden = q.shape
+    d = hidden // num_heads
+    heads = lambda t: t.reshape(t.shape[0], t.shape[1], num_heads, d).transpose(0, 2, 1, 3)
+    s = heads(q) @ heads(k).transpose(0, 1, 3, 2) * scale + kb[:, None, None, :]
+    row_max = s.max(-1, keepdims=True)
+    p = np.exp(s - np.where(np.isfinite(row_max), row_max, 0.0))  # a row of -inf: p = 0
+    total = p.sum(-1, keepdims=True)
+    p = np.divide(p, total, out=np.zeros_like(p), where=total > 0)  # ... and its output 0
+    return ((p @ heads(v)).transpose(0, 2, 1, 3).reshape(b, sq, hidden),)
+
+
+def _body() -> list[onnx.NodeProto]:
+    n = helper.make_node
+    heads = n("Constant", [], ["heads"])
+    heads.attribute.append(attr_ref("num_heads", onnx.AttributeProto.INT, name="value_int"))
+    scale = n("Constant", [], ["scale_f"])
+    scale.attribute.append(attr_ref("scale", onnx.AttributeProto.FLOAT, name="value_float"))
+    const = lambda name, vals: n("Constant", [], [name], value=helper.make_tensor(name, onnx.TensorProto.INT64,
+                                                                                      [len(vals)], vals))
+    return [
+        heads, scale,
+        const("zero2", [0, 0]), const("minus1", [-1]), const("ax0", [0]), const("ax12", [1, 2]),
+        n("Unsqueeze", ["heads", "ax0"], ["heads1"]),
+        n("Concat", ["zero2", "heads1", "minus1"], ["split_shape"], axis=0),       # [0, 0, N, -1]
+        n("Concat", ["zero2", "minus1"], ["merge_shape"], axis=0),                  # [0, 0, -1]
+        n("Reshape", ["Q", "split_shape"], ["q3"]), n("Transpose", ["q3"], ["q4"], perm=[0, 2, 1, 3]),
+        n("Reshape", ["K", "split_shape"], ["k3"]), n("Transpose", ["k3"], ["k4t"], perm=[0, 2, 3, 1]),
+        n("Reshape", ["V", "split_shape"], ["v3"]), n("Transpose", ["v3"], ["v4"], perm=[0, 2, 1, 3]),
+        n("CastLike", ["scale_f", "Q"], ["scale_t"]),
+        n("MatMul", ["q4", "k4t"], ["qk"]), n("Mul", ["qk", "scale_t"], ["scores"]),
+        n("Unsqueeze", ["key_bias", "ax12"], ["bias4"]),                            # [B, 1, 1, Skv]
+        n("Add", ["scores", "bias4"], ["biased"]),
+        n("Softmax", ["biased"], ["probs"], axis=-1),
+        # a row whose keys are all -inf: softmax gives NaN, the op gives 0 (module docstring)
+        n("Constant", [], ["zero_f"], value_float=0.0), n("CastLike", ["zero_f", "Q"], ["zero_t"]),
+        n("IsNaN", ["probs"], ["nan_rows"]), n("Where", ["nan_rows", "zero_t", "probs"], ["probs_ok"]),
+        n("MatMul", ["probs_ok", "v4"], ["o4"]), n("Transpose", ["o4"], ["o3"], perm=[0, 2, 1, 3]),
+        n("Reshape", ["o3", "merge_shape"], ["Y"]),
+    ]
+
+
+# The kernel: ort_triton/kernels/attention.py. One program computes BLOCK_M query rows of one (batch, head)
+# and streams the keys in blocks of BLOCK_N with the online softmax; BLOCK_D is D rounded up to a power of
+# two (40 -> 64, 80/96 -> 128: Triton's tiles are powers of two), the extra lanes masked.
+KERNEL = Kernel(
+    module="ort_triton.kernels.attention",
+    fn_name="attention_fwd",
+    signature={"Q": "*{T}", "K": "*{T}", "V": "*{T}", "KB": "*{T}", "Y": "*{T}",
+               "N": "i32", "SQ": "i32", "SKV": "i32", "scale": "fp32"},
+    native_plan="ot_attention_plan",
+    native_params="ot_attention_params",
+    dispatch_keys=("head_dim",),
+)
+
+
+def block_config(head_dim: int, type_name: str) -> dict:
+    """Tile sizes and launch options per head dim (first guesses, to be tuned on the GPU)."""
+    block_d = 1 << (head_dim - 1).bit_length()
+    big = block_d >= 128
+    return dict(BLOCK_M=64 if type_name == "float" else 128, BLOCK_N=64 if not big else 32, BLOCK_D=block_d,
+                num_warps=8 if big else 4, num_stages=2)
+
+
+def _specs(type_name: str) -> list[Spec]:
+    specs = []
+    for d in HEAD_DIMS:
+        cfg = block_config(d, type_name)
+        specs.append(Spec(
+            constexprs={"HEAD_DIM": d, "BLOCK_D": cfg["BLOCK_D"], "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"]},
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            keys=((d, d),),
+            consts=(cfg["BLOCK_M"], cfg["BLOCK_N"], d),
+            divisible_by_16=("Q", "K", "V", "KB", "Y"),
+        ))
+    return specs
+
+
+MULTI_HEAD_ATTENTION = OpContract(
+    name="MultiHeadAttention",
+    doc="Y = concat_n softmax(Q_n K_n^T * scale + key_bias) V_n; Q/K/V [B, S, N*D], key_bias [B, Skv].",
+    inputs=(IO("Q", "[B, Sq, N*D]"), IO("K", "[B, Skv, N*D]"), IO("V", "[B, Skv, N*D]"),
+            IO("key_bias", "[B, Skv], additive per key")),
+    outputs=(IO("Y", "[B, Sq, N*D]"),),
+    attrs=(Attr("num_heads", "int", 1, "N"), Attr("scale", "float", 1.0, "multiplies Q K^T (1/sqrt(D) usually)")),
+    types=("float16", "bfloat16", "float"),
+    body=_body,
+    body_opset=17,
+    reference=reference_attention,
+    kernel=KERNEL,
+    specializations=_specs,
+)

@@ -1,0 +1,82 @@
+"""BiasGelu and BiasGeluTanh: the epilogue of an MLP's first GEMM, y = gelu(x + bias).
+
+    erf form:   gelu(s) = 0.5 * s * (1 + erf(s / sqrt(2)))
+    tanh form:  gelu(s) = 0.5 * s * (1 + tanh(sqrt(2 / pi) * (s + 0.044715 * s^3)))
+
+The GEMM itself stays ORT's MatMul (cuBLAS) until a Triton GEMM with this epilogue beats it on the GPU;
+fusing the bias add and the activation already saves a full read and write of the [rows, 4H] tensor.
+Elementwise and memory-bound: 2 tensors move (x in, y out); math in fp32. The kernel is
+ort_triton/kernels/bias_gelu.py: a 2-D grid of (ROWS x BLOCK_H) tiles, so the bias is loaded once per
+tile and no per-element modulo is needed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from ..contract import IO, Kernel, OpContract, Spec
+
+BLOCK_H = 1024
+ROWS = 4
+NUM_WARPS = 4
+
+KERNEL = Kernel(
+    module="ort_triton.kernels.bias_gelu",
+    fn_name="bias_gelu_fwd",
+    signature={"X": "*{T}", "B": "*{T}", "Y": "*{T}", "n_rows": "i32", "H": "i32"},
+    native_plan="ot_bias_gelu_plan",
+    native_params="ot_bias_gelu_params",
+    dispatch_keys=("h_div16",),
+)
+
+
+def _specs(tanh: bool) -> list[Spec]:
+    return [Spec(constexprs={"TANH": int(tanh), "BLOCK_H": BLOCK_H, "ROWS": ROWS}, num_warps=NUM_WARPS,
+                 keys=((aligned, 1),), consts=(ROWS, BLOCK_H),
+                 divisible_by_16=("X", "B", "Y") + (("H",) if aligned else ()))
+            for aligned in (1, 0)]  # aligned first: the planner takes the first spec that fits
+
+
+def reference_bias_gelu(x, bias, tanh=False):
+    s = np.asarray(x, np.float64) + np.asarray(bias, np.float64)
+    if tanh:
+        return (0.5 * s * (1 + np.tanh(math.sqrt(2 / math.pi) * (s + 0.044715 * s**3))),)
+    from math import erf
+
+    return (0.5 * s * (1 + np.vectorize(erf)(s / math.sqrt(2))),)
+
+
+def _body(tanh: bool) -> list[onnx.NodeProto]:
+    n = helper.make_node
+    c = lambda name, v: [n("Constant", [], [name + "_f"], value_float=v), n("CastLike", [name + "_f", "X"], [name])]
+    nodes = [n("Add", ["X", "bias"], ["s"]), *c("half", 0.5), *c("one", 1.0)]
+    if tanh:
+        nodes += [*c("k0", math.sqrt(2 / math.pi)), *c("k1", 0.044715),
+                  n("Mul", ["s", "s"], ["s2"]), n("Mul", ["s2", "s"], ["s3"]), n("Mul", ["s3", "k1"], ["cub"]),
+                  n("Add", ["s", "cub"], ["inner"]), n("Mul", ["inner", "k0"], ["arg"]), n("Tanh", ["arg"], ["t"])]
+    else:
+        nodes += [*c("rsqrt2", 1 / math.sqrt(2)), n("Mul", ["s", "rsqrt2"], ["arg"]), n("Erf", ["arg"], ["t"])]
+    return nodes + [n("Add", ["t", "one"], ["t1"]), n("Mul", ["s", "t1"], ["st"]), n("Mul", ["st", "half"], ["Y"])]
+
+
+def _contract(name: str, tanh: bool, doc: str) -> OpContract:
+    return OpContract(
+        name=name, doc=doc,
+        inputs=(IO("X", "[..., H]"), IO("bias", "[H]")),
+        outputs=(IO("Y", "[..., H]"),),
+        attrs=(),
+        types=("float16", "bfloat16", "float"),
+        body=lambda: _body(tanh),
+        body_opset=17,
+        reference=lambda x, bias: reference_bias_gelu(x, bias, tanh),
+        kernel=KERNEL,
+        specializations=lambda _t: _specs(tanh),
+    )
+
+
+BIAS_GELU = _contract("BiasGelu", False, "Y = gelu(X + bias), erf form")
+BIAS_GELU_TANH = _contract("BiasGeluTanh", True, "Y = gelu(X + bias), tanh approximation")

@@ -1,0 +1,124 @@
+"""GELU rules on hand-built graphs: every spelling they claim (with and without the MatMul bias), and the
+ones they must refuse; fused graphs give the original's outputs on ORT CPU."""
+
+import math
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import graph_rewrites
+
+H = 40
+RNG = np.random.default_rng(0)
+
+
+def _c(name, value):
+    return numpy_helper.from_array(np.asarray(value, np.float32), name)
+
+
+def _model(nodes, inits, opset=17, h=H):
+    w = _c("w", RNG.normal(size=(16, h)))
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["m"]), *nodes], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", h])], initializer=[w, *inits])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=9)
+
+
+def _biased(with_bias):
+    """s = m + b (the MatMul's bias, either operand order) or s = m."""
+    if not with_bias:
+        return [helper.make_node("Identity", ["m"], ["s"])], []
+    return [helper.make_node("Add", ["b", "m"], ["s"])], [_c("b", RNG.normal(size=H))]
+
+
+def _erf(grouping, scale_by_div):
+    nodes = [helper.make_node("Div" if scale_by_div else "Mul", ["s", "k"], ["a"]),
+             helper.make_node("Erf", ["a"], ["e"]), helper.make_node("Add", ["one", "e"], ["t1"])]
+    nodes += {0: [helper.make_node("Mul", ["s", "t1"], ["p"]), helper.make_node("Mul", ["p", "half"], ["y"])],
+              1: [helper.make_node("Mul", ["half", "s"], ["p"]), helper.make_node("Mul", ["p", "t1"], ["y"])],
+              2: [helper.make_node("Mul", ["t1", "half"], ["p"]), helper.make_node("Mul", ["s", "p"], ["y"])]}[grouping]
+    k = math.sqrt(2) if scale_by_div else 1 / math.sqrt(2)
+    return nodes, [_c("k", k), _c("one", 1.0), _c("half", 0.5)]
+
+
+def _tanh(grouping, pow_form):
+    cube = ([helper.make_node("Pow", ["s", "three"], ["cube"])] if pow_form else
+            [helper.make_node("Mul", ["s", "s"], ["sq"]), helper.make_node("Mul", ["sq", "s"], ["cube"])])
+    nodes = cube + [helper.make_node("Mul", ["k1", "cube"], ["c1"]), helper.make_node("Add", ["s", "c1"], ["in"]),
+                    helper.make_node("Mul", ["in", "k0"], ["arg"]), helper.make_node("Tanh", ["arg"], ["t"]),
+                    helper.make_node("Add", ["t", "one"], ["t1"])]
+    nodes += _erf(grouping, True)[0][3:]
+    return nodes, [_c("three", 3.0), _c("k1", 0.044715), _c("k0", math.sqrt(2 / math.pi)), _c("one", 1.0),
+                   _c("half", 0.5)]
+
+
+def _check(m, want_ops):
+    out, rep = graph_rewrites.optimize(m, report=True)
+    ours = {k: v for k, v in graph_rewrites.op_counts(out).items() if k != "MatMul"}
+    assert ours == want_ops, (ours, {k: v for k, v in rep.rules.items() if v.tried})
+    feeds = {"x": RNG.normal(0, 2, (5, 16)).astype(np.float32)}
+    a = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    b = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    assert np.abs(a - b).max() / np.abs(a).max() < 1e-5
+    return rep
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_op(with_bias, approximate):
+    pre, inits = _biased(with_bias)
+    m = _model(pre + [helper.make_node("Gelu", ["s"], ["y"], approximate=approximate)], inits, opset=20)
+    _check(m, {"ai.ort_triton.BiasGelu" + ("Tanh" if approximate == "tanh" else ""): 1,
+               **({} if with_bias else {"Identity": 1})})
+
+
+@pytest.mark.parametrize("grouping", [0, 1, 2])
+@pytest.mark.parametrize("scale_by_div", [True, False])
+def test_erf_expression(grouping, scale_by_div):
+    pre, inits = _biased(True)
+    nodes, consts = _erf(grouping, scale_by_div)
+    rep = _check(_model(pre + nodes, inits + consts), {"ai.ort_triton.BiasGelu": 1})
+    assert rep.rules["gelu_erf"].matched == 1 and rep.rules["bias_gelu"].matched == 1
+
+
+@pytest.mark.parametrize("grouping", [0, 1, 2])
+@pytest.mark.parametrize("pow_form", [True, False])
+def test_tanh_expression(grouping, pow_form):
+    pre, inits = _biased(True)
+    nodes, consts = _tanh(grouping, pow_form)
+    _check(_model(pre + nodes, inits + consts), {"ai.ort_triton.BiasGeluTanh": 1})
+
+
+def test_refuses_wrong_constants():
+    pre, inits = _biased(True)
+    nodes, consts = _erf(0, True)
+    consts[2] = _c("half", 0.6)  # not gelu
+    m = _model(pre + nodes, inits + consts)
+    out, rep = graph_rewrites.optimize(m, report=True)
+    assert rep.rules["gelu_erf"].matched == 0
+    assert any("constants are not those of gelu" in r.reason for r in rep.rules["gelu_erf"].refused)
+    assert "ai.ort_triton.BiasGelu" not in graph_rewrites.op_counts(out)
+
+
+def test_broadcasting_add_is_not_folded():
+    """s = m + c with c [n, H]-broadcastable but not a [H] bias: GELU fused with a zero bias, Add kept."""
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "c"], ["s"]),
+                           helper.make_node("Gelu", ["s"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, H])],
+                          initializer=[_c("w", RNG.normal(size=(16, H))), _c("c", RNG.normal(size=(5, 1)))])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)], ir_version=9)
+    rep = _check(m, {"Add": 1, "ai.ort_triton.BiasGelu": 1})
+    assert rep.rules["bias_gelu"].matched == 0 and rep.rules["bias_gelu"].refused
+
+
+def test_refuses_dynamic_hidden():
+    m = _model([helper.make_node("Gelu", ["m"], ["y"])], [], opset=20)
+    m.graph.initializer[0].CopyFrom(_c("w", RNG.normal(size=(16, H))))
+    m.graph.input[0].CopyFrom(helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 16]))
+    del m.graph.initializer[:]  # w becomes a graph input of unknown width
+    m.graph.input.append(helper.make_tensor_value_info("w", TensorProto.FLOAT, [16, "h"]))
+    out, rep = graph_rewrites.optimize(m, report=True)
+    assert "not static" in rep.rules["gelu"].refused[0].reason
