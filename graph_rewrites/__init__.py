@@ -15,7 +15,7 @@ import os
 import onnx
 import onnx_ir as ir
 
-from ort_triton.contract import DOMAIN, DOMAIN_VERSION
+from ort_triton.contract import DOMAIN, DOMAIN_VERSION, MIN_OPSET
 from ort_triton.ops import BY_NAME as OPS
 
 from .registry import RULES, RuleStats, apply_rules, select
@@ -30,6 +30,7 @@ class Report:
     rules: dict[str, RuleStats]
     ops_before: collections.Counter
     ops_after: collections.Counter
+    notes: list[str] = dataclasses.field(default_factory=list)  # why a whole model was left alone
 
     def fused(self) -> int:
         return sum(s.matched for s in self.rules.values())
@@ -63,6 +64,10 @@ def _load(model) -> onnx.ModelProto:
     raise TypeError(f"optimize takes an onnx.ModelProto, an onnx_ir.Model or a path, not {type(model).__name__}")
 
 
+def _opset(proto: onnx.ModelProto) -> int:
+    return next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 1)
+
+
 def _finish(proto: onnx.ModelProto) -> None:
     """Drop initializers nothing reads, attach one function body per op used, import the domain, and list
     every output of our nodes, with "" for optional ones nobody reads (ORT needs all listed; "" tells the
@@ -90,7 +95,7 @@ def _finish(proto: onnx.ModelProto) -> None:
     have = {(f.domain, f.name) for f in proto.functions}
     for name in sorted(used):
         if (DOMAIN, name) not in have:
-            proto.functions.append(OPS[name].function_proto())
+            proto.functions.append(OPS[name].function_proto(_opset(proto)))
     if used and not any(o.domain == DOMAIN for o in proto.opset_import):
         proto.opset_import.append(onnx.helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
     if used:
@@ -103,16 +108,22 @@ def optimize(model, *, only: list[str] | None = None, disable: list[str] | None 
     rules = select(only, disable)
     proto = _load(model)
     before = op_counts(proto)
+    notes = []
+    if _opset(proto) < MIN_OPSET:
+        notes.append(f"model opset {_opset(proto)} < {MIN_OPSET}: nothing fused (the ops' function bodies need "
+                     f"CastLike); re-export with opset >= {MIN_OPSET} or convert with onnx.version_converter")
+        rules = []
     try:  # shapes and types let `check` prove what it needs; a model that defeats inference still rewrites
         proto = onnx.shape_inference.infer_shapes(proto, data_prop=True)
     except Exception:  # noqa: BLE001  (onnx raises several types; the rules then refuse with a reason)
         pass
     ir_model = ir.serde.deserialize_model(proto)
-    stats = apply_rules(ir_model, rules)
+    stats = {r.name: RuleStats(r.name, r.identity) for r in select(only, disable)}
+    stats.update(apply_rules(ir_model, rules))
     out = ir.serde.serialize_model(ir_model)
     _finish(out)
     result = ir.serde.deserialize_model(out) if isinstance(model, ir.Model) else out
     if report:
-        return result, Report(stats, before, op_counts(out))
+        return result, Report(stats, before, op_counts(out), notes)
     return result
 

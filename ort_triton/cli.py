@@ -96,13 +96,15 @@ def cmd_optimize(args) -> int:
                        f"{src.name} -> {dst.name}  ({src.stat().st_size / 1e6:.1f} MB -> "
                        f"{dst.stat().st_size / 1e6:.1f} MB)"))
     con.print(rule_table(report, args.verbose))
+    for note in report.notes:
+        con.print(f"[yellow]note:[/] {note}")
     if report.fused() == 0:
         con.print("nothing fused: the output is the input with no ort_triton ops (run with -v for why)")
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps({
             "input": str(src), "output": str(dst),
             "ops_before": dict(report.ops_before), "ops_after": dict(report.ops_after),
-            "rules": {k: v.as_dict() for k, v in report.rules.items()},
+            "rules": {k: v.as_dict() for k, v in report.rules.items()}, "notes": report.notes,
         }, indent=2) + "\n")
     return 0
 

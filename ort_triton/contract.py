@@ -11,7 +11,9 @@ Two facts about ONNX Runtime 1.31 shape the contract (both checked on ORT CPU, s
 - a node of a function-bodied op with an *absent optional input* crashes ORT while it inlines the body,
   so every input is required (the rewriter supplies e.g. a zero bias where the model has none);
 - a node that lists *fewer outputs* than its function declares fails type inference, so a node always
-  lists every output, with "" for an output nobody reads.
+  lists every output, with "" for an output nobody reads;
+- an inlined body's ops are resolved at the *model's* ai.onnx opset, whatever the function imports, so a
+  body is built for the model's opset (`body(opset)`), from ops that exist there.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from onnx import helper
 
 DOMAIN = "ai.ort_triton"
 DOMAIN_VERSION = 1
+# The oldest ai.onnx opset a rewritten model may have: bodies make typed constants with CastLike (15).
+MIN_OPSET = 15
 
 # Element types a contract may allow, by the ONNX names used in messages and in the native table.
 ELEMENT_TYPES = {
@@ -85,7 +89,7 @@ class Kernel:
         return getattr(importlib.import_module(self.module), self.fn_name)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # one object per op: compared and hashed by identity
 class OpContract:
     name: str
     doc: str
@@ -93,21 +97,24 @@ class OpContract:
     outputs: tuple[IO, ...]
     attrs: tuple[Attr, ...]
     types: tuple[str, ...]
-    body: Callable[[], list[onnx.NodeProto]]  # function body over the formal names, attributes by reference
-    body_opset: int  # ai.onnx opset the body is written in
+    # function body over the formal names, attributes by reference, valid at the given ai.onnx opset (ORT
+    # resolves an inlined body's ops at the *model's* opset, so the body must be written for it)
+    body: Callable[[int], list[onnx.NodeProto]]
     reference: Callable[..., tuple[np.ndarray, ...]]
     kernel: Kernel
     specializations: Callable[[str], list[Spec]]  # element type name -> specs, in dispatch order
 
     # ---- the function body -------------------------------------------------------------------------
-    def function_proto(self) -> onnx.FunctionProto:
+    def function_proto(self, opset: int) -> onnx.FunctionProto:
+        if opset < MIN_OPSET:
+            raise ValueError(f"{self.name}: function bodies need ai.onnx opset >= {MIN_OPSET} (CastLike), got {opset}")
         return helper.make_function(
             DOMAIN,
             self.name,
             [i.name for i in self.inputs],
             [o.name for o in self.outputs],
-            self.body(),
-            [helper.make_opsetid("", self.body_opset)],
+            self.body(opset),
+            [helper.make_opsetid("", opset)],
             attributes=[a.name for a in self.attrs],
             doc_string=self.doc,
         )

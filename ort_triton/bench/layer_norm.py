@@ -69,7 +69,7 @@ def chain_model(variant: str, hidden: int, type_name: str) -> onnx.ModelProto:
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1),
               helper.make_opsetid(DOMAIN, DOMAIN_VERSION)]
     return helper.make_model(graph, opset_imports=opsets, ir_version=9,
-                             functions=[LAYER_NORM.function_proto(), ADD_LAYER_NORM.function_proto()])
+                             functions=[LAYER_NORM.function_proto(17), ADD_LAYER_NORM.function_proto(17)])
 
 
 def make_runner(model, feeds_torch: dict, library):

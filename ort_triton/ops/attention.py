@@ -41,7 +41,8 @@ def reference_attention(q, k, v, key_bias, num_heads, scale):
     return ((p @ heads(v)).transpose(0, 2, 1, 3).reshape(b, sq, hidden),)
 
 
-def _body() -> list[onnx.NodeProto]:
+def _body(_opset: int) -> list[onnx.NodeProto]:
+    """The same ops from opset 15 on (Unsqueeze takes axes as an input since 13, CastLike since 15)."""
     n = helper.make_node
     heads = n("Constant", [], ["heads"])
     heads.attribute.append(attr_ref("num_heads", onnx.AttributeProto.INT, name="value_int"))
@@ -116,7 +117,6 @@ MULTI_HEAD_ATTENTION = OpContract(
     attrs=(Attr("num_heads", "int", 1, "N"), Attr("scale", "float", 1.0, "multiplies Q K^T (1/sqrt(D) usually)")),
     types=("float16", "bfloat16", "float"),
     body=_body,
-    body_opset=17,
     reference=reference_attention,
     kernel=KERNEL,
     specializations=_specs,

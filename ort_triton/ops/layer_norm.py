@@ -92,10 +92,23 @@ def reference_add_layer_norm(x, skip, gamma, beta, epsilon=1e-5):
 
 
 # ---- function bodies -------------------------------------------------------------------------------
-def _ln_node(x: str) -> onnx.NodeProto:
-    node = helper.make_node("LayerNormalization", [x, "gamma", "beta"], ["Y"], axis=-1)
-    node.attribute.append(attr_ref("epsilon", onnx.AttributeProto.FLOAT))
-    return node
+def _ln_nodes(x: str, opset: int) -> list[onnx.NodeProto]:
+    """Y = LayerNormalization(x, gamma, beta) over the last axis, written for `opset`: the op itself from
+    17, its definition before (ReduceMean takes axes as an attribute until 18, so 15-16 are the same)."""
+    n = helper.make_node
+    if opset >= 17:
+        node = n("LayerNormalization", [x, "gamma", "beta"], ["Y"], axis=-1)
+        node.attribute.append(attr_ref("epsilon", onnx.AttributeProto.FLOAT))
+        return [node]
+    eps = n("Constant", [], ["eps_f"])
+    eps.attribute.append(attr_ref("epsilon", onnx.AttributeProto.FLOAT, name="value_float"))
+    return [
+        eps, n("CastLike", ["eps_f", x], ["eps"]),
+        n("ReduceMean", [x], ["mean"], axes=[-1]), n("Sub", [x, "mean"], ["d"]), n("Mul", ["d", "d"], ["dd"]),
+        n("ReduceMean", ["dd"], ["var"], axes=[-1]), n("Add", ["var", "eps"], ["ve"]), n("Sqrt", ["ve"], ["std"]),
+        n("Div", ["d", "std"], ["normed"]), n("Mul", ["normed", "gamma"], ["scaled"]),
+        n("Add", ["scaled", "beta"], ["Y"]),
+    ]
 
 
 _EPS = Attr("epsilon", "float", 1e-5, "added to the variance before the square root")
@@ -108,8 +121,7 @@ LAYER_NORM = OpContract(
     outputs=(IO("Y", "[..., H]"),),
     attrs=(_EPS,),
     types=_TYPES,
-    body=lambda: [_ln_node("X")],
-    body_opset=17,
+    body=lambda opset: _ln_nodes("X", opset),
     reference=reference_layer_norm,
     kernel=KERNEL,
     specializations=lambda _t: _specs(has_res=False),
@@ -122,8 +134,7 @@ ADD_LAYER_NORM = OpContract(
     outputs=(IO("Y", "[..., H]"), IO("sum", "X + skip, for a later residual", optional=True)),
     attrs=(_EPS,),
     types=_TYPES,
-    body=lambda: [helper.make_node("Add", ["X", "skip"], ["sum"]), _ln_node("sum")],
-    body_opset=17,
+    body=lambda opset: [helper.make_node("Add", ["X", "skip"], ["sum"]), *_ln_nodes("sum", opset)],
     reference=reference_add_layer_norm,
     kernel=KERNEL,
     specializations=lambda _t: _specs(has_res=True),

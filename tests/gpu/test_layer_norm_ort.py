@@ -106,7 +106,7 @@ def test_bad_hidden_size_is_an_ort_error_and_the_next_run_works(gpu_library):
     g.input.extend([helper.make_tensor_value_info("g", TensorProto.FLOAT, ["h"]),
                     helper.make_tensor_value_info("b", TensorProto.FLOAT, ["h"])])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.ort_triton", 1)],
-                          functions=[LAYER_NORM.function_proto()], ir_version=9)
+                          functions=[LAYER_NORM.function_proto(17)], ir_version=9)
     onnx.checker.check_model(m)
     sess = make_session(m, providers=["CUDAExecutionProvider"], library=gpu_library)
     expected = r"ort_triton LayerNorm \(float\): hidden size H=20000 is not supported"

@@ -14,7 +14,7 @@ from ort_triton import models
 from ort_triton.compare import random_inputs
 
 CASES = [("bert-tiny", "dynamo", None), ("bert-tiny", "torchscript", 17), ("bert-odd", "dynamo", None),
-         ("bert-odd", "torchscript", 17), ("bert-tiny", "torchscript", 14)]  # opset 14: decomposed LayerNorm
+         ("bert-odd", "torchscript", 17), ("bert-tiny", "torchscript", 15)]  # opset 15: decomposed LayerNorm
 
 
 @pytest.fixture(scope="module")

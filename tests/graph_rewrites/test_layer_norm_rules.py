@@ -118,7 +118,7 @@ def test_decomposed(pow_form, div_form, axes_input, gamma_first, beta):
     nodes, inits = _decomposed("x", "y", H, pow_form=pow_form, div_form=div_form, axes_input=axes_input,
                                gamma_first=gamma_first, beta=beta)
     m = _model(nodes, [_vi("x", ["batch", "seq", H])], [_vi("y", ["batch", "seq", H])], inits,
-               opset=18 if axes_input else 13)
+               opset=18 if axes_input else 15)
     out, rep = graph_rewrites.optimize(m, report=True)
     rule = "layer_norm_decomposed" if beta else "layer_norm_decomposed_no_beta"
     assert _fused(rep) == {rule: 1}, rep.rules[rule]
@@ -237,6 +237,14 @@ def test_input_model_is_not_modified():
     before = m.SerializeToString()
     graph_rewrites.optimize(m)
     assert m.SerializeToString() == before
+
+
+def test_old_opset_is_left_alone_with_a_note():
+    nodes, inits = _decomposed("x", "y", H)
+    m = _model(nodes, [_vi("x", [2, H])], [_vi("y", [2, H])], inits, opset=14)
+    out, rep = graph_rewrites.optimize(m, report=True)
+    assert rep.fused() == 0 and "opset 14 < 15" in rep.notes[0]
+    assert graph_rewrites.op_counts(out) == graph_rewrites.op_counts(m)
 
 
 def test_unknown_rule_name_is_an_error():

@@ -1,0 +1,79 @@
+"""The op contracts: every function body runs on ORT CPU at every supported opset and equals the op's
+reference; and the ORT facts the contract design rests on still hold."""
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from ort_triton.contract import DOMAIN, MIN_OPSET
+from ort_triton.ops import BY_NAME
+from ort_triton.ops.attention import MULTI_HEAD_ATTENTION
+from ort_triton.ops.bias_gelu import BIAS_GELU, BIAS_GELU_TANH
+from ort_triton.ops.layer_norm import ADD_LAYER_NORM, LAYER_NORM
+
+RNG = np.random.default_rng(0)
+X = RNG.normal(1.0, 2.0, (2, 5, 24)).astype(np.float32)
+CASES = {  # op -> (inputs, attributes)
+    LAYER_NORM: ([X, RNG.normal(1, 0.3, 24), RNG.normal(0, 0.3, 24)], {"epsilon": 1e-3}),
+    ADD_LAYER_NORM: ([X, RNG.normal(size=X.shape), RNG.normal(1, 0.3, 24), RNG.normal(0, 0.3, 24)],
+                     {"epsilon": 1e-5}),
+    BIAS_GELU: ([X, RNG.normal(size=24)], {}),
+    BIAS_GELU_TANH: ([X, RNG.normal(size=24)], {}),
+    MULTI_HEAD_ATTENTION: ([X, RNG.normal(size=(2, 7, 24)), RNG.normal(size=(2, 7, 24)),
+                            np.where(RNG.random((2, 7)) < 0.3, np.finfo(np.float32).min, 0.0)],
+                           {"num_heads": 3, "scale": 0.35}),
+}
+
+
+def _single_node_model(op, inputs, attrs, opset):
+    names = [f"in{i}" for i in range(len(inputs))]
+    outs = [f"out{i}" for i in range(len(op.outputs))]
+    node = helper.make_node(op.name, names, outs, domain=DOMAIN, **attrs)
+    g = helper.make_graph([node], op.name,
+                          [helper.make_tensor_value_info(n, TensorProto.FLOAT, a.shape) for n, a in zip(names, inputs)],
+                          [helper.make_tensor_value_info(o, TensorProto.FLOAT, X.shape) for o in outs])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(DOMAIN, 1)],
+                             functions=[op.function_proto(opset)], ir_version=9)
+
+
+@pytest.mark.parametrize("opset", [15, 16, 17, 18, 20, 23])
+@pytest.mark.parametrize("op", list(CASES), ids=lambda op: op.name)
+def test_body_equals_reference_at_every_opset(op, opset):
+    inputs, attrs = CASES[op]
+    inputs = [np.asarray(a, np.float32) for a in inputs]
+    m = _single_node_model(op, inputs, attrs, opset)
+    onnx.checker.check_model(m)
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {f"in{i}": a for i, a in enumerate(inputs)})
+    want = op.reference(*inputs, **attrs)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert np.abs(g - w).max() / np.abs(w).max() < 1e-5
+
+
+def test_every_contract_is_registered_by_name():
+    assert set(BY_NAME) >= {op.name for op in CASES}
+
+
+def test_old_opset_is_refused():
+    with pytest.raises(ValueError, match=f"opset >= {MIN_OPSET}"):
+        LAYER_NORM.function_proto(14)
+
+
+def _add_ln_with_outputs(outputs):
+    inputs = [np.asarray(a, np.float32) for a in CASES[ADD_LAYER_NORM][0]]
+    m = _single_node_model(ADD_LAYER_NORM, inputs, {}, 17)
+    del m.graph.node[0].output[:]
+    m.graph.node[0].output.extend(outputs)
+    del m.graph.output[:]
+    m.graph.output.extend(helper.make_tensor_value_info(o, TensorProto.FLOAT, X.shape) for o in outputs if o)
+    return m
+
+
+def test_ort_fact_every_output_must_be_listed():
+    """Why nodes list unused outputs as "": ORT fails a node that lists fewer than its function has."""
+    with pytest.raises(Exception, match="out of range"):
+        ort.InferenceSession(_add_ln_with_outputs(["y"]).SerializeToString(), providers=["CPUExecutionProvider"])
+    ort.InferenceSession(_add_ln_with_outputs(["y", ""]).SerializeToString(), providers=["CPUExecutionProvider"])
