@@ -1,8 +1,8 @@
 """Real exports: BERT-style encoders from transformers configs (random weights), both torch exporters.
 
 Every LayerNorm must be fused (the embeddings one as LayerNorm: its Add broadcasts the position
-embeddings; every encoder one as AddLayerNorm), every GELU with its bias as BiasGelu, and the rewritten model must give the original's outputs
-on ORT CPU through the function bodies (fp32, rel err < 1e-5).
+embeddings; every encoder one as AddLayerNorm), every GELU with its bias as BiasGelu, and the rewritten
+model must give the original's outputs on ORT CPU through the function bodies (fp32, rel err < 1e-5).
 """
 
 import numpy as np
