@@ -33,11 +33,16 @@ def diff(name: str, ref: np.ndarray, out: np.ndarray, rtol: float) -> OutputDiff
 
 
 def random_inputs(session, batch: int, seq: int, vocab: int, seed: int = 0) -> dict:
-    """Token ids and a padded attention mask for an encoder session's inputs, by name."""
+    """Inputs for an encoder session, by name: token ids, a padded attention mask (the last row padded
+    from seq // 2 on), or, for float inputs such as pixel_values, normal noise of the input's static shape
+    with the batch dimension set."""
     rng = np.random.default_rng(seed)
     feeds = {}
     for inp in session.get_inputs():
-        if "mask" in inp.name:
+        if "float" in inp.type:
+            shape = [batch] + [d if isinstance(d, int) else seq for d in inp.shape[1:]]
+            feeds[inp.name] = rng.normal(size=shape).astype(np.float16 if "float16" in inp.type else np.float32)
+        elif "mask" in inp.name:
             m = np.ones((batch, seq), np.int64)
             m[-1, seq // 2:] = 0
             feeds[inp.name] = m

@@ -1,19 +1,35 @@
 """Models the project builds from `transformers` configs (random weights, nothing downloaded) and exports
-to ONNX with either torch exporter. Used by the demo, the tests and the GPU checks."""
+to ONNX with either torch exporter. Used by the demo, the tests and the GPU checks.
+
+Text encoders are exported as (input_ids, attention_mask) -> last_hidden_state, vision ones as
+pixel_values -> last_hidden_state; batch and sequence length stay dynamic.
+"""
 
 from __future__ import annotations
 
 import pathlib
 
 CONFIGS = {
-    # name: (transformers config class, kwargs)
-    "bert-tiny": ("BertConfig", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+    # name: (transformers config class, kwargs). Head dims: the kernel takes 32, 40, 64, 80, 96, 128.
+    "bert-tiny": ("BertConfig", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                                      intermediate_size=128, vocab_size=512, max_position_embeddings=128)),
-    "bert-odd": ("BertConfig", dict(hidden_size=72, num_hidden_layers=3, num_attention_heads=3,
+    "bert-40": ("BertConfig", dict(hidden_size=120, num_hidden_layers=3, num_attention_heads=3,
+                                   intermediate_size=250, vocab_size=300, max_position_embeddings=64)),
+    "bert-odd": ("BertConfig", dict(hidden_size=72, num_hidden_layers=3, num_attention_heads=3,  # head dim 24
                                     intermediate_size=100, vocab_size=300, max_position_embeddings=64)),
+    "roberta-tiny": ("RobertaConfig", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                           intermediate_size=128, vocab_size=512, max_position_embeddings=130)),
+    "distilbert-tiny": ("DistilBertConfig", dict(dim=64, n_layers=2, n_heads=2, hidden_dim=128, vocab_size=512,
+                                                 max_position_embeddings=128)),
+    "vit-tiny": ("ViTConfig", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                   intermediate_size=128, image_size=32, patch_size=8)),
     "bert-base": ("BertConfig", dict(vocab_size=30522)),
 }
 EXPORTERS = ("dynamo", "torchscript")
+
+
+def is_vision(model) -> bool:
+    return model.config.model_type == "vit"
 
 
 def build(name: str, *, attn_implementation: str = "sdpa", seed: int = 0):
@@ -36,10 +52,13 @@ def build(name: str, *, attn_implementation: str = "sdpa", seed: int = 0):
 
 
 def sample_inputs(model, batch: int = 2, seq: int = 16, seed: int = 0) -> dict:
-    """input_ids and a padding attention_mask (the last row padded) as torch tensors."""
+    """Inputs by name as torch tensors: token ids and a padding mask (the last row padded), or pixels."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
+    if is_vision(model):
+        size = model.config.image_size
+        return {"pixel_values": torch.randn(batch, model.config.num_channels, size, size, generator=g)}
     ids = torch.randint(0, model.config.vocab_size, (batch, seq), generator=g)
     mask = torch.ones(batch, seq, dtype=torch.int64)
     mask[-1, seq // 2:] = 0
@@ -48,14 +67,16 @@ def sample_inputs(model, batch: int = 2, seq: int = 16, seed: int = 0) -> dict:
 
 def export(model, path: str | pathlib.Path, *, exporter: str = "dynamo", opset: int | None = None,
            batch: int = 2, seq: int = 16) -> pathlib.Path:
-    """Export `model(input_ids, attention_mask) -> last_hidden_state` with dynamic batch and sequence."""
+    """Export `model(**inputs) -> last_hidden_state` with dynamic batch (and sequence, for text)."""
     import torch
 
     if exporter not in EXPORTERS:
         raise ValueError(f"exporter must be one of {EXPORTERS}")
     path = pathlib.Path(path)
+    inputs = sample_inputs(model, batch, seq)
+    names = list(inputs)
 
-    class LastHidden(torch.nn.Module):
+    class Text(torch.nn.Module):  # explicit arguments: torch.export names inputs after them
         def __init__(self, inner):
             super().__init__()
             self.inner = inner
@@ -63,20 +84,22 @@ def export(model, path: str | pathlib.Path, *, exporter: str = "dynamo", opset: 
         def forward(self, input_ids, attention_mask):
             return self.inner(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
-    inputs = sample_inputs(model, batch, seq)
-    args = (inputs["input_ids"], inputs["attention_mask"])
-    wrapper = LastHidden(model).eval()
+    class Vision(Text):
+        def forward(self, pixel_values):
+            return self.inner(pixel_values=pixel_values).last_hidden_state
+
+    wrapper = (Vision if is_vision(model) else Text)(model).eval()
+    args = tuple(inputs.values())
+    dyn_axes = {0: "batch"} if is_vision(model) else {0: "batch", 1: "seq"}
     with torch.no_grad():
         if exporter == "dynamo":
-            b, s = torch.export.Dim("batch"), torch.export.Dim("seq")
-            prog = torch.onnx.export(wrapper, args, input_names=["input_ids", "attention_mask"],
-                                     output_names=["last_hidden_state"], dynamo=True, opset_version=opset,
-                                     dynamic_shapes=({0: b, 1: s}, {0: b, 1: s}), verbose=False)
+            dims = {k: torch.export.Dim(v) for k, v in dyn_axes.items()}
+            prog = torch.onnx.export(wrapper, args, input_names=names, output_names=["last_hidden_state"],
+                                     dynamo=True, opset_version=opset,
+                                     dynamic_shapes=tuple(dims for _ in names), verbose=False)
             prog.save(str(path))
         else:
-            axes = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"},
-                    "last_hidden_state": {0: "batch", 1: "seq"}}
-            torch.onnx.export(wrapper, args, str(path), input_names=["input_ids", "attention_mask"],
-                              output_names=["last_hidden_state"], dynamo=False, opset_version=opset or 17,
-                              dynamic_axes=axes)
+            axes = {n: dyn_axes for n in names} | {"last_hidden_state": {0: "batch", 1: "seq"}}
+            torch.onnx.export(wrapper, args, str(path), input_names=names, output_names=["last_hidden_state"],
+                              dynamo=False, opset_version=opset or 17, dynamic_axes=axes)
     return path

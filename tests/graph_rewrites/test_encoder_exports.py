@@ -1,0 +1,45 @@
+"""Real exports: encoders from transformers configs (random weights), both torch exporters.
+
+Every LayerNorm must be fused (as AddLayerNorm where a residual Add of equal shapes feeds it, else as
+LayerNorm: e.g. BERT's embeddings Add broadcasts the position embeddings), every GELU with its bias as
+BiasGelu, and the rewritten model must give the original's outputs on ORT CPU through the function
+bodies (fp32, rel err < 1e-5), at shapes other than the export's.
+"""
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import graph_rewrites
+from ort_triton import models
+from ort_triton.compare import random_inputs
+
+CASES = [(m, e, None) for m in ("bert-tiny", "bert-40", "bert-odd", "roberta-tiny", "distilbert-tiny", "vit-tiny")
+         for e in models.EXPORTERS] + [("bert-tiny", "torchscript", 15)]  # opset 15: LayerNorm decomposed
+
+
+@pytest.fixture(scope="module")
+def built():
+    return {}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, exporter, opset", CASES, ids=lambda v: str(v))
+def test_every_layer_norm_and_gelu_fused_and_outputs_equal(built, tmp_path, name, exporter, opset):
+    model = built.setdefault(name, models.build(name))
+    src = models.export(model, tmp_path / "m.onnx", exporter=exporter, opset=opset)
+    out, rep = graph_rewrites.optimize(str(src), report=True)
+    before, after = rep.ops_before, rep.ops_after
+    layer_norms = before["LayerNormalization"] or before["ReduceMean"] // 2
+    assert layer_norms > 0
+    assert after["ai.ort_triton.LayerNorm"] + after["ai.ort_triton.AddLayerNorm"] == layer_norms, after
+    assert after["LayerNormalization"] == after["ReduceMean"] == after["Gelu"] == after["Erf"] == 0, after
+    layers = getattr(model.config, "num_hidden_layers", None) or model.config.n_layers
+    assert after["ai.ort_triton.BiasGelu"] == layers, after
+    ref = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
+    new = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
+    vocab = getattr(model.config, "vocab_size", 1)
+    for batch, seq in ((3, 13), (1, 7)):
+        feeds = random_inputs(ref, batch, seq, vocab, seed=batch)
+        (a,), (b,) = ref.run(None, feeds), new.run(None, feeds)
+        assert np.abs(a - b).max() / np.abs(a).max() < 1e-5
