@@ -129,7 +129,18 @@ def _same_shape(a: ir.Value, b: ir.Value) -> bool:
         da == db for da, db in zip(a.shape, b.shape))
 
 
+def _zeros_like_vector(op, v: ir.Value, tag: str):
+    """A zero initializer of v's (static, 1-D) shape and type, named after v: the same on every run."""
+    return op.initializer(ir.tensor(np.zeros(v.shape[0], dtype=v.dtype.numpy()), name=f"{v.name}__{tag}"))
+
+
 class _AddLayerNormBase(pattern.RewriteRuleClassBase):
+    def _emit(self, op, a, b, gamma, beta, y, keep_sum: bool):
+        """AddLayerNorm with a zero bias: bias_add_layer_norm folds the producing MatMul's bias in later."""
+        eps = y.producer().attributes.get_float("epsilon", 1e-5)
+        bias = _zeros_like_vector(op, gamma, "ot_zero_bias")
+        return ADD_LAYER_NORM.node(op, a, b, bias, gamma, beta, epsilon=eps, outputs=[True, keep_sum])
+
     def _ln(self, op, a, b, gamma, beta):
         s = op.Add(a, b, _outputs=["sum"])
         return op.LayerNorm(s, gamma, beta, _domain=DOMAIN, _outputs=["y"], _allow_other_attributes=True), s
@@ -151,8 +162,7 @@ class AddLayerNormRule(_AddLayerNormBase):
         return self._ln(op, a, b, gamma, beta)[0]
 
     def rewrite(self, op, a, b, gamma, beta, y, **_):
-        eps = y.producer().attributes.get_float("epsilon", 1e-5)
-        return ADD_LAYER_NORM.node(op, a, b, gamma, beta, epsilon=eps, outputs=[True, False])
+        return self._emit(op, a, b, gamma, beta, y, keep_sum=False)
 
 
 class AddLayerNormKeepSumRule(_AddLayerNormBase):
@@ -168,5 +178,36 @@ class AddLayerNormKeepSumRule(_AddLayerNormBase):
         return result
 
     def rewrite(self, op, a, b, gamma, beta, y, **_):
+        return self._emit(op, a, b, gamma, beta, y, keep_sum=True)
+
+
+class BiasAddLayerNormRule(pattern.RewriteRuleClassBase):
+    """ot.AddLayerNorm(m + c, r, 0) -> ot.AddLayerNorm(m, r, c)   (c the [H] bias of the MatMul m; either
+    residual operand, since X and skip are interchangeable in the sum)"""
+
+    def __init__(self, name: str, *, biased_operand: int, keep_sum: bool):
+        super().__init__(name)
+        self.biased_operand, self.keep_sum = biased_operand, keep_sum
+
+    def pattern(self, op, m, c, r, zero, gamma, beta):
+        biased = op.Add(m, c)
+        a, b = (biased, r) if self.biased_operand == 0 else (r, biased)
+        return op.AddLayerNorm(a, b, zero, gamma, beta, _domain=DOMAIN, _outputs=["y", "sum"],
+                               _allow_other_attributes=True)[0 if not self.keep_sum else slice(None)]
+
+    def check(self, context, m, c, r, zero, y, **_):
+        result = pattern.MatchResult()
+        z = zero.const_value
+        if z is None or np.any(z.numpy()):
+            return result.fail("the node already has a bias", zero)
+        if c.shape is None or list(c.shape) != list(zero.shape) or c.dtype != m.dtype:
+            return result.fail(f"the Add's other operand is {c.dtype} {c.shape}, not a [{zero.shape}] bias", c)
+        if not _same_shape(m, r):
+            return result.fail(f"{m.shape} + bias does not keep the residual's shape {r.shape}", m)
+        if self.keep_sum != bool(y.producer().outputs[1].uses() or y.producer().outputs[1].is_graph_output()):
+            return result.fail("the other variant's sum usage", y.producer())
+        return result
+
+    def rewrite(self, op, m, c, r, gamma, beta, y, **_):
         eps = y.producer().attributes.get_float("epsilon", 1e-5)
-        return ADD_LAYER_NORM.node(op, a, b, gamma, beta, epsilon=eps, outputs=[True, True])
+        return ADD_LAYER_NORM.node(op, m, r, c, gamma, beta, epsilon=eps, outputs=[True, self.keep_sum])

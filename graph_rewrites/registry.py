@@ -55,6 +55,9 @@ RULES: tuple[RuleInfo, ...] = (
              lambda: [ln.AddLayerNormRule.rule("add_layer_norm")]),
     RuleInfo("add_layer_norm_keep_sum", "LayerNorm(s = a + b), s used -> AddLayerNorm(a, b) -> (y, s)", 3,
              lambda: [ln.AddLayerNormKeepSumRule.rule("add_layer_norm_keep_sum")]),
+    RuleInfo("bias_add_layer_norm", "AddLayerNorm(m + c, r) -> AddLayerNorm(m, r, bias=c)", 5,
+             lambda: [ln.BiasAddLayerNormRule.rule("bias_add_layer_norm", biased_operand=o, keep_sum=k)
+                      for o in (0, 1) for k in (False, True)], commute=True),
 )
 BY_NAME = {r.name: r for r in RULES}
 

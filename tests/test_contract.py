@@ -17,7 +17,8 @@ RNG = np.random.default_rng(0)
 X = RNG.normal(1.0, 2.0, (2, 5, 24)).astype(np.float32)
 CASES = {  # op -> (inputs, attributes)
     LAYER_NORM: ([X, RNG.normal(1, 0.3, 24), RNG.normal(0, 0.3, 24)], {"epsilon": 1e-3}),
-    ADD_LAYER_NORM: ([X, RNG.normal(size=X.shape), RNG.normal(1, 0.3, 24), RNG.normal(0, 0.3, 24)],
+    ADD_LAYER_NORM: ([X, RNG.normal(size=X.shape), RNG.normal(size=24), RNG.normal(1, 0.3, 24),
+                      RNG.normal(0, 0.3, 24)],
                      {"epsilon": 1e-5}),
     BIAS_GELU: ([X, RNG.normal(size=24)], {}),
     BIAS_GELU_TANH: ([X, RNG.normal(size=24)], {}),

@@ -48,7 +48,8 @@ def chain_model(variant: str, hidden: int, type_name: str) -> onnx.ModelProto:
     nodes, outputs = [], []
     prev = "x"
     for i in range(K):
-        ins = [prev, "r", "g", "b"] if residual else [prev, "g", "b"]
+        skip_ins = [prev, "r", "c", "g", "b"] if domain == DOMAIN else [prev, "r", "g", "b"]
+        ins = skip_ins if residual else [prev, "g", "b"]
         outs = [f"y{i}"]
         if keep_sum:  # the sum is a graph output so it must be written
             outs = [f"y{i}", f"s{i}"] if domain == DOMAIN else [f"y{i}", "", "", f"s{i}"]
@@ -64,7 +65,8 @@ def chain_model(variant: str, hidden: int, type_name: str) -> onnx.ModelProto:
         inputs.append(helper.make_tensor_value_info("r", t, ["n", hidden]))
     np_t = {"float16": np.float16, "float": np.float32}.get(type_name)
     g = np.random.default_rng(1).normal(1, 0.1, hidden)
-    inits = [numpy_helper.from_array(g.astype(np_t), "g"), numpy_helper.from_array(np.zeros(hidden, np_t), "b")]
+    inits = [numpy_helper.from_array(g.astype(np_t), "g"), numpy_helper.from_array(np.zeros(hidden, np_t), "b"),
+             numpy_helper.from_array(np.zeros(hidden, np_t), "c")]  # AddLayerNorm's bias (SkipLayerNorm has none)
     graph = helper.make_graph(nodes, variant, inputs, outputs, initializer=inits)
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1),
               helper.make_opsetid(DOMAIN, DOMAIN_VERSION)]

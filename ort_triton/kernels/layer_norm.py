@@ -14,7 +14,7 @@ from ..ops.layer_norm import BLOCKS, MAX_HIDDEN, launch_config
 
 @triton.jit
 def layer_norm_fwd(
-    X, R, W, B, Y, S, n_rows, H, eps,
+    X, R, C, W, B, Y, S, n_rows, H, eps,
     HAS_RES: tl.constexpr, STORE_SUM: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr,
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -23,7 +23,8 @@ def layer_norm_fwd(
     mask = (rows < n_rows)[:, None] & col_ok[None, :]
     offs = rows.to(tl.int64)[:, None] * H + cols[None, :]  # int64: rows * H can pass 2^31
     x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
-    if HAS_RES:
+    if HAS_RES:  # sum = (X + bias) + skip: the order the exported graph adds them in
+        x += tl.load(C + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         x += tl.load(R + offs, mask=mask, other=0.0).to(tl.float32)
         if STORE_SUM:
             tl.store(S + offs, x.to(S.dtype.element_ty), mask=mask)
@@ -40,7 +41,7 @@ def layer_norm_fwd(
 
 
 # ---- a torch entry point: the same kernel through Triton's JIT (tests, interpreter, GPU timing) -------
-def layer_norm(x, gamma, beta, skip=None, epsilon=1e-5, store_sum=False, *, out=None, sum_out=None,
+def layer_norm(x, gamma, beta, skip=None, epsilon=1e-5, store_sum=False, *, bias=None, out=None, sum_out=None,
                config: tuple[int, int] | None = None):
     """Run the kernel on torch tensors; returns y, or (y, sum) when store_sum. `out`/`sum_out` let a test
     hand in poisoned buffers; `config` = (ROWS, num_warps) overrides launch_config (tuning)."""
@@ -51,13 +52,14 @@ def layer_norm(x, gamma, beta, skip=None, epsilon=1e-5, store_sum=False, *, out=
         raise ValueError(f"layer_norm: hidden size {h} not supported (1..{MAX_HIDDEN})")
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise TypeError(f"layer_norm: dtype {x.dtype} not supported (float32, float16, bfloat16)")
-    for name, t, shape in (("gamma", gamma, (h,)), ("beta", beta, (h,)), ("skip", skip, tuple(x.shape)),
+    for name, t, shape in (("gamma", gamma, (h,)), ("beta", beta, (h,)), ("bias", bias, (h,)),
+                           ("skip", skip, tuple(x.shape)),
                            ("out", out, tuple(x.shape)), ("sum_out", sum_out, tuple(x.shape))):
         if t is not None and (tuple(t.shape) != shape or t.dtype != x.dtype or not t.is_contiguous()):
             raise ValueError(f"layer_norm: {name} must be contiguous {x.dtype} of shape {list(shape)}, got "
                              f"{t.dtype} {list(t.shape)}")
-    if store_sum and skip is None:
-        raise ValueError("layer_norm: store_sum needs skip")
+    if (store_sum or bias is not None) and skip is None:
+        raise ValueError("layer_norm: store_sum and bias need skip (they belong to AddLayerNorm)")
     x, gamma, beta = x.contiguous(), gamma.contiguous(), beta.contiguous()
     skip = skip.contiguous() if skip is not None else None
     n_rows = x.numel() // h
@@ -66,7 +68,8 @@ def layer_norm(x, gamma, beta, skip=None, epsilon=1e-5, store_sum=False, *, out=
     y = out if out is not None else torch.empty_like(x)
     s = (sum_out if sum_out is not None else torch.empty_like(x)) if store_sum else None
     layer_norm_fwd[(triton.cdiv(n_rows, rows),)](
-        x, skip if skip is not None else x, gamma, beta, y, s if s is not None else y, n_rows, h, epsilon,
+        x, skip if skip is not None else x, bias if bias is not None else torch.zeros_like(gamma), gamma, beta, y,
+        s if s is not None else y, n_rows, h, epsilon,
         HAS_RES=skip is not None, STORE_SUM=store_sum, BLOCK_H=block, ROWS=rows, num_warps=warps,
     )
     return (y, s) if store_sum else y

@@ -1,9 +1,9 @@
 /* layer_norm.c: planner and kernel parameters for LayerNorm and AddLayerNorm, which share one Triton
- * kernel: Y = (X [+ skip] - mean) / sqrt(var + epsilon) * gamma [+ beta] over the last axis of X,
- * optionally also storing sum = X + skip.
+ * kernel: Y = (s - mean) / sqrt(var + epsilon) * gamma [+ beta] over the last axis, where s = X for
+ * LayerNorm and s = (X + bias) + skip for AddLayerNorm, which can also store sum = s.
  *
- * LayerNorm inputs:    X, gamma, beta (optional)        outputs: Y
- * AddLayerNorm inputs: X, skip, gamma, beta (optional)  outputs: Y, sum (optional)
+ * LayerNorm inputs:    X, gamma, beta (optional)              outputs: Y
+ * AddLayerNorm inputs: X, skip, bias, gamma, beta (optional)  outputs: Y, sum (optional)
  * The generic code (ort_triton.c) has already checked presence of required inputs and element types. */
 #include <limits.h>
 #include <stdio.h>
@@ -17,10 +17,11 @@ enum { KEY_HAS_BETA, KEY_STORE_SUM, KEY_H_DIV16, KEY_H, N_KEYS };
 /* Meaning of ot_spec.consts for this kernel. */
 enum { CONST_BLOCK_H, CONST_ROWS_PER_PROGRAM };
 
-/* Input positions: AddLayerNorm has skip at 1, shifting gamma and beta by one. */
+/* Input positions: AddLayerNorm has skip at 1 and bias at 2, shifting gamma and beta by two. */
+enum { SKIP_INDEX = 1, BIAS_INDEX = 2 };
 static int has_skip(const ot_op *op) { return strcmp(op->name, "AddLayerNorm") == 0; }
-static int gamma_index(const ot_op *op) { return 1 + has_skip(op); }
-static int beta_index(const ot_op *op) { return 2 + has_skip(op); }
+static int gamma_index(const ot_op *op) { return 1 + 2 * has_skip(op); }
+static int beta_index(const ot_op *op) { return 2 + 2 * has_skip(op); }
 
 /* Says why no spec fits: H outside everything the table covers, or a combination it lacks. */
 static void no_spec_error(const ot_op *op, const int64_t *keys, char *err, size_t err_len) {
@@ -47,10 +48,10 @@ static void no_spec_error(const ot_op *op, const int64_t *keys, char *err, size_
 int ot_layer_norm_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_outputs, ot_plan *plan, char *err,
                        size_t err_len) {
   const int skip = has_skip(op);
-  if (n_inputs != 3 + skip || op->n_outputs != 1 + skip) {
+  if (n_inputs != 3 + 2 * skip || op->n_outputs != 1 + skip) {
     snprintf(err, err_len, "the kernel table gives this op %d inputs and %d outputs, the layer_norm planner "
                            "expects %d and %d; the library is inconsistent, rebuild it",
-             n_inputs, op->n_outputs, 3 + skip, 1 + skip);
+             n_inputs, op->n_outputs, 3 + 2 * skip, 1 + skip);
     return 1;
   }
 
@@ -65,6 +66,7 @@ int ot_layer_norm_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_o
              op->inputs[1].name, ot_shape_text(&in[1], a, sizeof a), x_name, ot_shape_text(x, b, sizeof b));
     return 1;
   }
+  if (skip && ot_check_vector(op, in, BIAS_INDEX, h, err, err_len)) return 1;
   if (ot_check_vector(op, in, gamma_index(op), h, err, err_len)) return 1;
   const int has_beta = in[beta_index(op)].present;
   if (has_beta && ot_check_vector(op, in, beta_index(op), h, err, err_len)) return 1;
@@ -98,9 +100,10 @@ int ot_layer_norm_params(const ot_op *op, const ot_plan *plan, const ot_desc *in
   (void)plan; /* the spec's constants are compiled into the kernel; only shapes are passed */
   const int skip = has_skip(op);
   const int n_in = op->n_inputs;
-  void *const pointers[6] = {
+  void *const pointers[7] = {
       ptrs[0],                       /* X */
-      skip ? ptrs[1] : NULL,         /* R: skip */
+      skip ? ptrs[SKIP_INDEX] : NULL, /* R: skip */
+      skip ? ptrs[BIAS_INDEX] : NULL, /* C: bias (read only with the residual) */
       ptrs[gamma_index(op)],         /* W: gamma */
       ptrs[beta_index(op)],          /* B: beta, NULL when absent */
       ptrs[n_in],                    /* Y */
@@ -112,7 +115,7 @@ int ot_layer_norm_params(const ot_op *op, const ot_plan *plan, const ot_desc *in
 
   uint64_t *slot = storage;
   int n = 0;
-  for (int i = 0; i < 6; i++) ot_put_param(slot, params, n++, &pointers[i], sizeof pointers[i]);
+  for (int i = 0; i < 7; i++) ot_put_param(slot, params, n++, &pointers[i], sizeof pointers[i]);
   ot_put_param(slot, params, n++, &n_rows, sizeof n_rows);
   ot_put_param(slot, params, n++, &h, sizeof h);
   ot_put_param(slot, params, n++, &eps, sizeof eps);

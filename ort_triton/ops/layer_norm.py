@@ -1,6 +1,6 @@
 """LayerNorm and AddLayerNorm: layer normalisation over the last axis, optionally after a residual add.
 
-    s    = x + skip                                  (AddLayerNorm only; also returned as `sum` if asked)
+    s    = (x + bias) + skip                         (AddLayerNorm only; also returned as `sum` if asked)
     mean = sum(s) / H
     var  = sum((s - mean)^2) / H                     (two-pass in registers: no cancellation)
     y    = (s - mean) * rsqrt(var + epsilon) * gamma + beta
@@ -28,7 +28,7 @@ KERNEL = Kernel(
     module="ort_triton.kernels.layer_norm",
     fn_name="layer_norm_fwd",
     signature={
-        "X": "*{T}", "R": "*{T}", "W": "*{T}", "B": "*{T}", "Y": "*{T}", "S": "*{T}",
+        "X": "*{T}", "R": "*{T}", "C": "*{T}", "W": "*{T}", "B": "*{T}", "Y": "*{T}", "S": "*{T}",
         "n_rows": "i32", "H": "i32", "eps": "fp32",
     },
     native_plan="ot_layer_norm_plan",
@@ -72,7 +72,7 @@ def _specs(has_res: bool) -> list[Spec]:
                     # has_beta is always 1 (beta is a required input), h_div16 1 only for aligned specs
                     keys=((1, 1), (store_sum, store_sum), (aligned, 1), (lo, block)),
                     consts=(block, rows),
-                    divisible_by_16=("X", "R", "W", "B", "Y", "S") + (("H",) if aligned else ()),
+                    divisible_by_16=("X", "R", "C", "W", "B", "Y", "S") + (("H",) if aligned else ()),
                 ))
                 lo = block + 1
     return specs
@@ -86,8 +86,8 @@ def reference_layer_norm(x, gamma, beta, epsilon=1e-5):
     return ((s - mean) / np.sqrt(var + epsilon) * np.asarray(gamma, np.float64) + np.asarray(beta, np.float64),)
 
 
-def reference_add_layer_norm(x, skip, gamma, beta, epsilon=1e-5):
-    s = np.asarray(x, np.float64) + np.asarray(skip, np.float64)
+def reference_add_layer_norm(x, skip, bias, gamma, beta, epsilon=1e-5):
+    s = np.asarray(x, np.float64) + np.asarray(bias, np.float64) + np.asarray(skip, np.float64)
     return reference_layer_norm(s, gamma, beta, epsilon)[0], s
 
 
@@ -129,12 +129,14 @@ LAYER_NORM = OpContract(
 
 ADD_LAYER_NORM = OpContract(
     name="AddLayerNorm",
-    doc="sum = X + skip; Y = LayerNormalization(sum, gamma, beta) over the last axis.",
-    inputs=(IO("X", "[..., H]"), IO("skip", "same shape as X"), IO("gamma", "[H]"), IO("beta", "[H]")),
+    doc="sum = (X + bias) + skip; Y = LayerNormalization(sum, gamma, beta) over the last axis.",
+    inputs=(IO("X", "[..., H]"), IO("skip", "same shape as X"), IO("bias", "[H], the producing MatMul's"),
+            IO("gamma", "[H]"), IO("beta", "[H]")),
     outputs=(IO("Y", "[..., H]"), IO("sum", "X + skip, for a later residual", optional=True)),
     attrs=(_EPS,),
     types=_TYPES,
-    body=lambda opset: [helper.make_node("Add", ["X", "skip"], ["sum"]), *_ln_nodes("sum", opset)],
+    body=lambda opset: [helper.make_node("Add", ["X", "bias"], ["xb"]), helper.make_node("Add", ["xb", "skip"], ["sum"]),
+                        *_ln_nodes("sum", opset)],
     reference=reference_add_layer_norm,
     kernel=KERNEL,
     specializations=lambda _t: _specs(has_res=True),

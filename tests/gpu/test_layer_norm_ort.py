@@ -84,7 +84,7 @@ def test_cuda_ep_runs_the_kernel(gpu_library, type_name, shape, mode):
     g, b = _round(inits["g32"], torch_dtype), _round(inits["b32"], torch_dtype)
     xr, rr = _round(x, torch_dtype), _round(r, torch_dtype)
     if residual:
-        want, want_sum = reference_add_layer_norm(xr, rr, g, b, 1e-5)
+        want, want_sum = reference_add_layer_norm(xr, rr, np.zeros_like(g), g, b, 1e-5)
     else:
         (want,) = reference_layer_norm(xr, g, b, 1e-5)
     for name, got, ref in [("y", outs[0], want)] + ([("sum", outs[1], want_sum)] if keep_sum else []):

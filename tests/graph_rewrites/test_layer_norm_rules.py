@@ -137,6 +137,28 @@ def test_post_ln_residual_drops_the_sum():
     _assert_same(m, out, _feeds("a", "b"))
 
 
+@pytest.mark.parametrize("bias_first", [True, False])
+@pytest.mark.parametrize("biased_operand", [0, 1])
+@pytest.mark.parametrize("keep_sum", [False, True])
+def test_matmul_bias_folds_into_add_layer_norm(bias_first, biased_operand, keep_sum):
+    nodes, inits = _layer_norm("s", "y", H)
+    lin = ["c", "m"] if bias_first else ["m", "c"]
+    res = ["lin", "r"] if biased_operand == 0 else ["r", "lin"]
+    nodes[:0] = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", lin, ["lin"]),
+                 helper.make_node("Add", res, ["s"])]
+    outputs = [_vi("y", [2, 5, H])]
+    if keep_sum:
+        nodes.append(helper.make_node("Mul", ["s", "s"], ["next"]))
+        outputs.append(_vi("next", [2, 5, H]))
+    inits += [_init("w", RNG.normal(size=(16, H))), _init("c", RNG.normal(size=H))]
+    m = _model(nodes, [_vi("x", [2, 5, 16]), _vi("r", [2, 5, H])], outputs, inits)
+    out, rep = graph_rewrites.optimize(m, report=True)
+    assert rep.rules["bias_add_layer_norm"].matched == 1, rep.rules["bias_add_layer_norm"]
+    node = next(n for n in out.graph.node if n.op_type == "AddLayerNorm")
+    assert list(node.input)[2] == "c" and "Add" not in graph_rewrites.op_counts(out)
+    _assert_same(m, out, {"x": RNG.normal(size=(2, 5, 16)).astype(np.float32), **_feeds("r")})
+
+
 def test_pre_ln_residual_keeps_the_sum():
     nodes, inits = _decomposed("s", "y", H)
     nodes.insert(0, helper.make_node("Add", ["a", "b"], ["s"]))

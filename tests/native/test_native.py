@@ -73,7 +73,7 @@ def test_layer_norm_plan_picks_spec_by_alignment(lib, elem_type, h, aligned):
 
 
 def test_add_layer_norm_with_sum_output_picks_store_sum_spec(lib):
-    rc, msg = plan(lib, "AddLayerNorm", [[2, 1024], [2, 1024], [1024], [1024]], n_outputs=2)
+    rc, msg = plan(lib, "AddLayerNorm", [[2, 1024], [2, 1024], [1024], [1024], [1024]], n_outputs=2)
     assert rc == 0, msg
     assert parse(msg)[0] == first_spec(lib, "AddLayerNorm", FLOAT, [1, 1, 1, 1024])[0]
 
@@ -95,8 +95,10 @@ def test_empty_tensor_plans_an_empty_grid(lib):
         ("LayerNorm", [[2, 768], [767], [768]], 1, FLOAT16, 90,
          ["ort_triton LayerNorm (float16): input gamma has shape [767]; it must be [768]"]),
         ("LayerNorm", [[2, 768], [768], [1, 768]], 1, FLOAT, 90, ["input beta has shape [1,768]"]),
-        ("AddLayerNorm", [[2, 768], [1, 768], [768], [768]], 1, BFLOAT16, 90,
+        ("AddLayerNorm", [[2, 768], [1, 768], [768], [768], [768]], 1, BFLOAT16, 90,
          ["ort_triton AddLayerNorm (bfloat16): input skip has shape [1,768] but input X has shape [2,768]"]),
+        ("AddLayerNorm", [[2, 768], [2, 768], [2, 768], [768], [768]], 1, FLOAT16, 90,
+         ["ort_triton AddLayerNorm (float16): input bias has shape [2,768]; it must be [768]"]),
         ("LayerNorm", [[2, 1 << 20], [1 << 20], [1 << 20]], 1, FLOAT, 90,
          ["hidden size H=1048576 is not supported (this library covers "]),
         ("LayerNorm", [[2, 768], [768], [768]], 2, FLOAT, 90, ["the node has 2 outputs"]),

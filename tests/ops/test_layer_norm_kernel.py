@@ -39,17 +39,18 @@ def test_matches_reference(dtype, shape, mode):
     # An offset mean (3.0) and a non-unit scale: a one-pass variance would lose digits here.
     x = _rand(shape, dtype, gen, 2.0, 3.0)
     skip = _rand(shape, dtype, gen) if mode != "plain" else None
+    bias = _rand((h,), dtype, gen) if mode != "plain" else None
     gamma, beta = _rand((h,), dtype, gen, 0.5, 1.0), _rand((h,), dtype, gen)
     out = torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
     sum_out = torch.full(shape, float("nan"), dtype=dtype, device=DEVICE) if mode == "residual+sum" else None
     eps = 1e-5
-    res = layer_norm(x, gamma, beta, skip, eps, store_sum=sum_out is not None, out=out, sum_out=sum_out)
+    res = layer_norm(x, gamma, beta, skip, eps, store_sum=sum_out is not None, bias=bias, out=out, sum_out=sum_out)
     f = lambda t: t.to(torch.float64).cpu().numpy()
     if skip is None:
         (want,) = reference_layer_norm(f(x), f(gamma), f(beta), eps)
         _check("y", res, want, dtype)
     else:
-        want, want_sum = reference_add_layer_norm(f(x), f(skip), f(gamma), f(beta), eps)
+        want, want_sum = reference_add_layer_norm(f(x), f(skip), f(bias), f(gamma), f(beta), eps)
         _check("y", res[0] if sum_out is not None else res, want, dtype)
         if sum_out is not None:
             _check("sum", res[1], want_sum, dtype)
