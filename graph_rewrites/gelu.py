@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import _ir_utils, pattern
 
 from ort_triton.contract import DOMAIN
 from ort_triton.ops.bias_gelu import BIAS_GELU, BIAS_GELU_TANH
+
+from .common import check_zero_bias_to_fold, zero_vector
 
 _TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
 
@@ -65,10 +66,8 @@ class _GeluToOp(pattern.RewriteRuleClassBase):
         return self._check_constants(result, **bindings)
 
     def rewrite(self, op, s, **_):
-        # named after the value it biases: unique in the graph, and the same on every run
-        zeros = ir.tensor(np.zeros(self._hidden, dtype=s.dtype.numpy()), name=f"{s.name}__ot_zero_bias")
         contract = BIAS_GELU_TANH if self.tanh else BIAS_GELU
-        return contract.node(op, s, op.initializer(zeros))
+        return contract.node(op, s, zero_vector(op, s, self._hidden, "zero_bias"))
 
 
 class GeluOpRule(_GeluToOp):
@@ -133,12 +132,9 @@ class FoldBiasRule(pattern.RewriteRuleClassBase):
         return getattr(op, self.contract.name)(op.Add(x, b), zero, _domain=DOMAIN)
 
     def check(self, context, x, b, zero, **_):
-        result = pattern.MatchResult()
-        z = zero.const_value
-        if z is None or np.any(z.numpy()):
-            return result.fail("the op already has a bias", zero)
-        if b.shape is None or list(b.shape) != list(zero.shape) or b.dtype != x.dtype:
-            return result.fail(f"the Add's other operand is {b.dtype} {b.shape}, not a [{zero.shape}] bias", b)
+        result = check_zero_bias_to_fold(pattern.MatchResult(), zero, b, x)
+        if not result:
+            return result
         if x.shape is None or x.shape.rank() < 1 or x.shape[-1] != zero.shape[0]:
             return result.fail(f"the Add broadcasts ({x.shape} + {b.shape}): not a bias over the last axis", x)
         return result

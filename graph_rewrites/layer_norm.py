@@ -1,8 +1,9 @@
 """LayerNorm fusions: ONNX LayerNormalization and its decomposed form -> LayerNorm; a residual Add in
 front of either -> AddLayerNorm. Contracts: ort_triton/ops/layer_norm.py.
 
-Stage 1 turns every layer normalisation into ot.LayerNorm; stage 2 folds a residual Add into it, so the
-residual rules see one form whatever the exporter wrote.
+Stages 1-2 turn every layer normalisation into ot.LayerNorm; stage 3 folds a residual Add into it (so
+the residual rules see one form whatever the exporter wrote), stage 5 the bias of the MatMul that feeds
+the residual.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from onnxscript.rewriter import _ir_utils, pattern
 
 from ort_triton.contract import DOMAIN
 from ort_triton.ops.layer_norm import ADD_LAYER_NORM, LAYER_NORM, MAX_HIDDEN
+
+from .common import check_zero_bias_to_fold, zero_vector
 
 _TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
 
@@ -43,11 +46,7 @@ class _LayerNormRule(pattern.RewriteRuleClassBase):
     takes no absent inputs, see ort_triton/contract.py)."""
 
     def _beta(self, op, beta, x: ir.Value, hidden: int):
-        if beta is not None:
-            return beta
-        # named after the normalised value: unique in the graph, and the same on every run
-        zeros = ir.tensor(np.zeros(hidden, dtype=x.dtype.numpy()), name=f"{x.name}__ot_zero_beta")
-        return op.initializer(zeros)
+        return beta if beta is not None else zero_vector(op, x, hidden, "zero_beta")
 
 
 class LayerNormalizationRule(_LayerNormRule):
@@ -129,16 +128,11 @@ def _same_shape(a: ir.Value, b: ir.Value) -> bool:
         da == db for da, db in zip(a.shape, b.shape))
 
 
-def _zeros_like_vector(op, v: ir.Value, tag: str):
-    """A zero initializer of v's (static, 1-D) shape and type, named after v: the same on every run."""
-    return op.initializer(ir.tensor(np.zeros(v.shape[0], dtype=v.dtype.numpy()), name=f"{v.name}__{tag}"))
-
-
 class _AddLayerNormBase(pattern.RewriteRuleClassBase):
     def _emit(self, op, a, b, gamma, beta, y, keep_sum: bool):
         """AddLayerNorm with a zero bias: bias_add_layer_norm folds the producing MatMul's bias in later."""
         eps = y.producer().attributes.get_float("epsilon", 1e-5)
-        bias = _zeros_like_vector(op, gamma, "ot_zero_bias")
+        bias = zero_vector(op, gamma, gamma.shape[0], "zero_bias")
         return ADD_LAYER_NORM.node(op, a, b, bias, gamma, beta, epsilon=eps, outputs=[True, keep_sum])
 
     def _ln(self, op, a, b, gamma, beta):
@@ -196,12 +190,9 @@ class BiasAddLayerNormRule(pattern.RewriteRuleClassBase):
                                _allow_other_attributes=True)[0 if not self.keep_sum else slice(None)]
 
     def check(self, context, m, c, r, zero, y, **_):
-        result = pattern.MatchResult()
-        z = zero.const_value
-        if z is None or np.any(z.numpy()):
-            return result.fail("the node already has a bias", zero)
-        if c.shape is None or list(c.shape) != list(zero.shape) or c.dtype != m.dtype:
-            return result.fail(f"the Add's other operand is {c.dtype} {c.shape}, not a [{zero.shape}] bias", c)
+        result = check_zero_bias_to_fold(pattern.MatchResult(), zero, c, m)
+        if not result:
+            return result
         if not _same_shape(m, r):
             return result.fail(f"{m.shape} + bias does not keep the residual's shape {r.shape}", m)
         if self.keep_sum != bool(y.producer().outputs[1].uses() or y.producer().outputs[1].is_graph_output()):

@@ -1,0 +1,23 @@
+"""Small helpers the rules share."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+
+def zero_vector(op, like: ir.Value, length: int, tag: str) -> ir.Value:
+    """A [length] zero initializer of like's element type, for an input the contract requires and the
+    model lacks (a bias, a beta). Named after `like` and `tag`: unique in the graph, the same every run."""
+    return op.initializer(ir.tensor(np.zeros(length, dtype=like.dtype.numpy()), name=f"{like.name}__ot_{tag}"))
+
+
+def check_zero_bias_to_fold(result, zero: ir.Value, bias: ir.Value, x: ir.Value):
+    """For the rules that fold `x + bias` into an op whose bias input is still a zero vector: the op's
+    bias must be all zeros and `bias` a vector of the same shape and x's type. Returns result, failed or not."""
+    z = zero.const_value
+    if z is None or np.any(z.numpy()):
+        return result.fail("the node already has a bias", zero)
+    if bias.shape is None or list(bias.shape) != list(zero.shape) or bias.dtype != x.dtype:
+        return result.fail(f"the Add's other operand is {bias.dtype} {bias.shape}, not a [{zero.shape}] bias", bias)
+    return result
