@@ -27,6 +27,9 @@ def _has_cuda() -> bool:
 HAS_CUDA = _has_cuda()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    from tests.triton_interpreter_fixes import fix_interpreter
+
+    fix_interpreter()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -54,7 +54,8 @@ def generate(ops: list[tuple[OpContract, str]], compiled: dict, archs: list[int]
 
     decls = set()  # the hand-written planners the table points at
     for op, _ in ops:
-        decls.add(f"int {op.kernel.native_plan}(const ot_op *, const ot_desc *, int, int, ot_plan *, char *, size_t);")
+        decls.add(f"int {op.kernel.native_plan}(const ot_op *, const ot_desc *, int, int, const double *, ot_plan *, "
+                  "char *, size_t);")
         decls.add(f"int {op.kernel.native_params}(const ot_op *, const ot_plan *, const ot_desc *, "
                   "void *const *, const double *, void *, void **);")
     spec_arrays = []

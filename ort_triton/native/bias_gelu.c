@@ -9,8 +9,9 @@
 enum { KEY_H_DIV16, N_KEYS };                 /* dispatch keys, in contract order */
 enum { CONST_ROWS, CONST_BLOCK_H };           /* meaning of ot_spec.consts */
 
-int ot_bias_gelu_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_outputs, ot_plan *plan, char *err,
-                      size_t err_len) {
+int ot_bias_gelu_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_outputs, const double *attrs,
+                      ot_plan *plan, char *err, size_t err_len) {
+  (void)attrs;
   if (n_inputs != 2 || n_outputs != 1) {
     snprintf(err, err_len, "the kernel table gives this op %d inputs and %d outputs, the bias_gelu planner expects "
                            "2 and 1; the library is inconsistent, rebuild it", n_inputs, n_outputs);

@@ -45,8 +45,9 @@ static void no_spec_error(const ot_op *op, const int64_t *keys, char *err, size_
              (long long)lo, (long long)hi);
 }
 
-int ot_layer_norm_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_outputs, ot_plan *plan, char *err,
-                       size_t err_len) {
+int ot_layer_norm_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_outputs, const double *attrs,
+                       ot_plan *plan, char *err, size_t err_len) {
+  (void)attrs;
   const int skip = has_skip(op);
   if (n_inputs != 3 + 2 * skip || op->n_outputs != 1 + skip) {
     snprintf(err, err_len, "the kernel table gives this op %d inputs and %d outputs, the layer_norm planner "

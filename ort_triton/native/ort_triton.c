@@ -81,7 +81,8 @@ static int rank_error(const ot_op *op, int input, size_t rank, char *err, size_t
 
 /* The checks every op shares (inputs present when required, element types, output count), then the
  * op's own planner. in[] has op->n_inputs entries. */
-static int plan_node(const ot_op *op, const ot_desc *in, int n_outputs, ot_plan *plan, char *err, size_t err_len) {
+static int plan_node(const ot_op *op, const ot_desc *in, int n_outputs, const double *attrs, ot_plan *plan,
+                     char *err, size_t err_len) {
   for (int i = 0; i < op->n_inputs; i++) {
     if (!in[i].present && !op->inputs[i].optional) {
       snprintf(err, err_len, "required input %s is missing", op->inputs[i].name);
@@ -105,7 +106,7 @@ static int plan_node(const ot_op *op, const ot_desc *in, int n_outputs, ot_plan 
     return 1;
   }
   memset(plan, 0, sizeof *plan);
-  return op->plan(op, in, op->n_inputs, n_outputs, plan, err, err_len);
+  return op->plan(op, in, op->n_inputs, n_outputs, attrs, plan, err, err_len);
 }
 
 /* ---- kernel ---- */
@@ -191,7 +192,8 @@ static OrtStatus *ORT_API_CALL kernel_compute(void *state, OrtKernelContext *con
   }
 
   ot_plan plan;
-  if (plan_node(op, in, k->n_outputs, &plan, err, sizeof err)) return op_status(api, ORT_INVALID_ARGUMENT, op, err);
+  if (plan_node(op, in, k->n_outputs, k->attrs, &plan, err, sizeof err))
+    return op_status(api, ORT_INVALID_ARGUMENT, op, err);
 
   for (int o = 0; o < k->n_outputs; o++) {
     OrtValue *value = NULL;
@@ -396,14 +398,18 @@ static const ot_op *find_op(const char *name, int elem_type, char *msg, size_t m
 
 /* Plans a node as compute would and picks the image for arch. present[] and ranks[] have n_inputs
  * entries (ranks of absent inputs are ignored); dims_flat concatenates the dims of the present
- * inputs. Returns 0 with "kernel=<name> arch=<image arch> grid=<x>,<y>,<z> block=<threads>
+ * inputs; attrs holds the first n_attrs attribute values in contract order (the rest take their
+ * defaults). Returns 0 with "kernel=<name> arch=<image arch> grid=<x>,<y>,<z> block=<threads>
  * shared=<bytes>" in msg, or an OrtErrorCode (ORT_INVALID_ARGUMENT, ORT_FAIL) with the message
  * compute would return. */
-OT_EXPORT int ort_triton_plan(const char *op_name, int elem_type, int arch, int n_inputs, const int *present,
-                              const int *ranks, const int64_t *dims_flat, int n_outputs, char *msg, size_t msg_len) {
+OT_EXPORT int ort_triton_plan_attrs(const char *op_name, int elem_type, int arch, int n_inputs, const int *present,
+                                    const int *ranks, const int64_t *dims_flat, int n_outputs, int n_attrs,
+                                    const double *attrs, char *msg, size_t msg_len) {
   const ot_op *op = find_op(op_name, elem_type, msg, msg_len);
   if (!op) return ORT_INVALID_ARGUMENT;
   char err[OT_MSG_LEN];
+  double values[OT_MAX_ATTRS];
+  for (int a = 0; a < op->n_attrs; a++) values[a] = a < n_attrs ? attrs[a] : op->attrs[a].default_value;
   if (n_inputs < 0 || n_inputs > op->n_inputs) {
     snprintf(err, sizeof err, "the node has %d inputs; this op has at most %d", n_inputs, op->n_inputs);
     prefix_message(op, err, msg, msg_len);
@@ -423,7 +429,7 @@ OT_EXPORT int ort_triton_plan(const char *op_name, int elem_type, int arch, int 
   }
 
   ot_plan plan;
-  if (plan_node(op, in, n_outputs, &plan, err, sizeof err)) {
+  if (plan_node(op, in, n_outputs, values, &plan, err, sizeof err)) {
     prefix_message(op, err, msg, msg_len);
     return ORT_INVALID_ARGUMENT;
   }
@@ -435,6 +441,13 @@ OT_EXPORT int ort_triton_plan(const char *op_name, int elem_type, int arch, int 
   snprintf(msg, msg_len, "kernel=%s arch=%d grid=%u,%u,%u block=%u shared=%u", plan.spec->kernel_name, image->arch,
            plan.grid[0], plan.grid[1], plan.grid[2], 32u * image->num_warps, image->shared_bytes);
   return 0;
+}
+
+/* ort_triton_plan_attrs with every attribute at its default. */
+OT_EXPORT int ort_triton_plan(const char *op_name, int elem_type, int arch, int n_inputs, const int *present,
+                              const int *ranks, const int64_t *dims_flat, int n_outputs, char *msg, size_t msg_len) {
+  return ort_triton_plan_attrs(op_name, elem_type, arch, n_inputs, present, ranks, dims_flat, n_outputs, 0, NULL, msg,
+                               msg_len);
 }
 
 /* "kernel=<name> keys=<min>:<max>,... archs=<arch>,..." for spec s of op i: lets tests see which

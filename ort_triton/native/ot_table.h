@@ -74,13 +74,14 @@ typedef struct {
 } ot_plan;
 
 /* Per-op hand-written C (e.g. layer_norm.c).
- * plan:   check inputs (dtype, rank, shapes), pick a spec, compute grid and output shapes; on error write a
- *         message that names the op, the input and what is supported into err and return nonzero.
+ * plan:   check inputs (dtype, rank, shapes) and attributes, pick a spec, compute grid and output shapes; on
+ *         error write a message that names the op, the input and what is supported into err and return
+ *         nonzero. attrs: the attribute values in contract order, as for params.
  * params: fill the kernel parameter array (without the two trailing scratch pointers) for a plan;
  *         ptrs holds the device pointers of inputs then outputs (NULL where absent), attrs the
  *         attribute values in contract order. Returns the number of params written. */
 typedef int (*ot_plan_fn)(const struct ot_op *op, const ot_desc *inputs, int n_inputs, int n_outputs,
-                          ot_plan *plan, char *err, size_t err_len);
+                          const double *attrs, ot_plan *plan, char *err, size_t err_len);
 typedef int (*ot_params_fn)(const struct ot_op *op, const ot_plan *plan, const ot_desc *inputs,
                             void *const *ptrs, const double *attrs, void *storage, void **params);
 

@@ -74,7 +74,11 @@ def _body(_opset: int) -> list[onnx.NodeProto]:
 
 # The kernel: ort_triton/kernels/attention.py. One program computes BLOCK_M query rows of one (batch, head)
 # and streams the keys in blocks of BLOCK_N with the online softmax; BLOCK_D is D rounded up to a power of
-# two (40 -> 64, 80/96 -> 128: Triton's tiles are powers of two), the extra lanes masked.
+# two (40 -> 64, 80/96 -> 128: Triton's tiles are powers of two), the extra lanes masked. The grid is one
+# flat axis of ceil(Sq / BLOCK_M) * B * N programs, the query block fastest (grid.y would stop B * N at
+# 65535). Only the pointers are promised 16-byte aligned: every head dim here is a multiple of 8, so row
+# starts (n * D elements) and the row stride (N * D) are 16-byte multiples in fp16/bf16/fp32 too, and Triton
+# sees that through the constexpr HEAD_DIM (16-byte vector loads without a hint on N).
 KERNEL = Kernel(
     module="ort_triton.kernels.attention",
     fn_name="attention_fwd",
@@ -86,12 +90,28 @@ KERNEL = Kernel(
 )
 
 
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) per element type and BLOCK_D: first choices, to be tuned on the
+# GPU. Checked with ptxas -v (Triton 3.6): every spec compiles for sm_80/86/89/90 without register spills
+# (fp32 at BLOCK_D=128: under 64 bytes) and needs at most 48 KB of shared memory on sm_8x and 64 KB on sm_90
+# (fp16/bf16), 72 KB (fp32): under sm_86/89's 99 KB, so an image also runs on a later GPU of its major.
+# fp16/bf16 take 128 query rows per program like FlashAttention-2; at BLOCK_D=64 4 warps need all 255
+# registers and spill, 8 do not. fp32 dots run as 3xTF32, which holds each operand twice: 32x32 tiles.
+_CONFIGS = {
+    ("half", 32): (128, 64, 4, 2),
+    ("half", 64): (128, 64, 8, 2),
+    ("half", 128): (128, 32, 8, 2),
+    ("float", 32): (32, 32, 4, 2),
+    ("float", 64): (32, 32, 4, 2),
+    ("float", 128): (32, 32, 4, 2),
+}
+
+
 def block_config(head_dim: int, type_name: str) -> dict:
-    """Tile sizes and launch options per head dim (first guesses, to be tuned on the GPU)."""
-    block_d = 1 << (head_dim - 1).bit_length()
-    big = block_d >= 128
-    return dict(BLOCK_M=64 if type_name == "float" else 128, BLOCK_N=64 if not big else 32, BLOCK_D=block_d,
-                num_warps=8 if big else 4, num_stages=2)
+    """Tile sizes and launch options for a head dim and element type. BLOCK_D is the head dim rounded up
+    to a power of two (Triton's tiles are powers of two; the extra lanes are masked)."""
+    block_d = max(16, 1 << (head_dim - 1).bit_length())
+    block_m, block_n, warps, stages = _CONFIGS[("float" if type_name == "float" else "half", block_d)]
+    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=warps, num_stages=stages)
 
 
 def _specs(type_name: str) -> list[Spec]:

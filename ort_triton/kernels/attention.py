@@ -1,0 +1,140 @@
+"""The Triton kernel behind MultiHeadAttention (contract: ort_triton/ops/attention.py): flash attention,
+forward only, reading Q/K/V in the projections' own [B, S, N*D] layout.
+
+One program computes BLOCK_M query rows of one (batch b, head n) and streams that head's keys and values
+in blocks of BLOCK_N, never materialising the [Sq, Skv] score matrix. With scores in base-2 units
+(exp2 is the hardware's exponential, so log2(e) is folded into the scale and the bias),
+
+    kb_j = key_bias_j * log2(e)                       (finite biases first saturated at -1e38, see below)
+    s_j  = (q . k_j) * scale * log2(e) + kb_j
+    m    = max_j s_j,   l = sum_j 2^(s_j - m),   y = sum_j 2^(s_j - m) v_j / l
+
+computed online: for each new block of keys the running state is rescaled by alpha = 2^(m_old - m_new),
+l = l * alpha + sum(p), acc = acc * alpha + p @ V. Everything after the two dots is fp32; the P @ V dot
+takes p in the element type (tensor cores), accumulating in fp32. fp32 inputs use 3xTF32 dots, which
+keep fp32 accuracy on tensor cores (plain TF32 would lose 3 digits).
+
+Rows with no key left, and why nothing turns into NaN:
+- key_bias = finfo(T).min on every key of a row (eager attention's mask of a fully padded sequence): for
+  fp32 and bf16 that is -3.4e38, which times log2(e) would overflow to -inf and change the meaning; so
+  finite biases saturate at -1e38 first (a bias that low drops its key all the same). A score added to
+  -1.44e38 rounds away, every s_j equals m, the weights are uniform and y is the mean of V rows, as in
+  the contract. (For fp16, finfo.min = -65504 is a mere shift in fp32: such a row is softmax(q K^T *
+  scale) V, which is also what the float64 reference gives.)
+- key_bias = -inf drops a key exactly; on every key of a row (sdpa's boolean mask), l = 0 and y = 0, as
+  in the contract. Blocks where a row has seen only -inf so far (m = -inf) subtract 0 instead of m, so
+  p = 2^-inf = 0 and alpha = 0 rather than -inf - -inf = NaN.
+- keys past Skv in the last block load key_bias = -inf: they drop out the same way.
+- Skv = 0: no key block runs, l = 0 and y = 0, what the body's empty MatMul gives.
+- query rows past Sq and head-dim lanes past HEAD_DIM load 0 and are never stored.
+
+Offsets are int64: b * S * N*D passes 2^31 for long batches.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..ops.attention import HEAD_DIMS, block_config
+
+_LOG2E = tl.constexpr(1.4426950408889634)
+_BIAS_FLOOR = tl.constexpr(-1e38)  # key_bias saturates here (module docstring)
+
+
+@triton.jit
+def attention_fwd(
+    Q, K, V, KB, Y, N, SQ, SKV, scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    # One flat grid of cdiv(SQ, BLOCK_M) * B * N programs (no 65535 limit on grid.x), the query block
+    # varying fastest: the programs of one head run side by side and share its K/V in L2.
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(SQ, BLOCK_M)
+    bn = pid // num_m
+    m_blk = pid - bn * num_m
+    b = (bn // N).to(tl.int64)
+    n = (bn % N).to(tl.int64)
+    hidden = N.to(tl.int64) * HEAD_DIM  # row stride of Q, K, V, Y
+    # fp32 dots in 3xTF32; for fp16/bf16 the precision argument is moot
+    prec: tl.constexpr = "tf32x3" if Q.dtype.element_ty == tl.float32 else "tf32"
+
+    offs_m = m_blk * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM  # BLOCK_D is HEAD_DIM rounded up to a power of two
+    q_offs = (b * SQ + offs_m)[:, None] * hidden + n * HEAD_DIM + offs_d[None, :]
+    q_mask = (offs_m < SQ)[:, None] & d_ok[None, :]
+    q = tl.load(Q + q_offs, mask=q_mask, other=0.0)
+
+    kv_offs = (b * SKV + offs_n)[:, None] * hidden + n * HEAD_DIM + offs_d[None, :]
+    k_ptrs, v_ptrs = K + kv_offs, V + kv_offs
+    kb_ptrs = KB + b * SKV + offs_n
+    qk_scale = scale * _LOG2E
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start in range(0, SKV, BLOCK_N):
+        key_ok = start + offs_n < SKV
+        kv_mask = key_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
+        v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+        kb = tl.load(kb_ptrs, mask=key_ok, other=float("-inf")).to(tl.float32)
+        # per key, not per score: saturate finite biases so that finfo.min stays finite once scaled
+        kb = tl.where(kb == float("-inf"), kb, tl.maximum(kb, _BIAS_FLOOR)) * _LOG2E
+        s = tl.dot(q, tl.trans(k), input_precision=prec) * qk_scale + kb[None, :]
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # only -inf seen yet: p = 0, not NaN
+        p = tl.math.exp2(s - m_sub[:, None])
+        alpha = tl.math.exp2(m_i - m_sub)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(V.dtype.element_ty), v, acc * alpha[:, None], input_precision=prec)
+        m_i = m_new
+        k_ptrs += BLOCK_N * hidden
+        v_ptrs += BLOCK_N * hidden
+        kb_ptrs += BLOCK_N
+
+    l_i = tl.where(l_i == 0.0, 1.0, l_i)  # every key -inf, or SKV == 0: acc is 0 and so is y
+    tl.store(Y + q_offs, (acc / l_i[:, None]).to(Y.dtype.element_ty), mask=q_mask)
+
+
+# ---- a torch entry point: the same kernel through Triton's JIT (tests, interpreter, GPU timing) -------
+def attention(q, k, v, key_bias, num_heads, scale, *, out=None, config: dict | None = None):
+    """Y for q [B, Sq, N*D], k and v [B, Skv, N*D], key_bias [B, Skv] (all one dtype). `out` lets a test
+    hand in a poisoned buffer; `config` overrides block_config's BLOCK_M, BLOCK_N, num_warps, num_stages
+    (tests use small blocks so several key blocks run)."""
+    import torch
+
+    if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"attention: dtype {q.dtype} not supported (float32, float16, bfloat16)")
+    if q.dim() != 3:
+        raise ValueError(f"attention: q must be [B, Sq, N*D], got shape {list(q.shape)}")
+    b, sq, hidden = q.shape
+    if not isinstance(num_heads, int) or num_heads < 1 or hidden % num_heads:
+        raise ValueError(f"attention: num_heads={num_heads!r} must be a positive int dividing the hidden size "
+                         f"{hidden}")
+    d = hidden // num_heads
+    if d not in HEAD_DIMS:
+        raise ValueError(f"attention: head dim {d} (hidden {hidden} / {num_heads} heads) not supported "
+                         f"(head dims {', '.join(map(str, HEAD_DIMS))})")
+    if k.dim() != 3 or k.shape[0] != b or k.shape[2] != hidden:
+        raise ValueError(f"attention: k must be [B={b}, Skv, {hidden}], got {list(k.shape)}")
+    skv = k.shape[1]
+    for name, t, shape in (("k", k, (b, skv, hidden)), ("v", v, (b, skv, hidden)),
+                           ("key_bias", key_bias, (b, skv)), ("out", out, (b, sq, hidden))):
+        if t is not None and (tuple(t.shape) != shape or t.dtype != q.dtype or t.device != q.device):
+            raise ValueError(f"attention: {name} must be {q.dtype} of shape {list(shape)} on {q.device}, got "
+                             f"{t.dtype} {list(t.shape)} on {t.device}")
+    if out is not None and not out.is_contiguous():
+        raise ValueError("attention: out must be contiguous")
+    cfg = block_config(d, {torch.float32: "float", torch.float16: "float16", torch.bfloat16: "bfloat16"}[q.dtype])
+    cfg.update(config or {})
+    q, k, v, key_bias = q.contiguous(), k.contiguous(), v.contiguous(), key_bias.contiguous()
+    y = out if out is not None else torch.empty_like(q)
+    grid = (triton.cdiv(sq, cfg["BLOCK_M"]) * b * num_heads,)
+    if grid[0]:
+        attention_fwd[grid](q, k, v, key_bias, y, num_heads, sq, skv, float(scale),
+                            HEAD_DIM=d, BLOCK_D=cfg["BLOCK_D"], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+                            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return y

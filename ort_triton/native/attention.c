@@ -1,0 +1,172 @@
+/* attention.c: planner and kernel parameters for MultiHeadAttention (contract: ort_triton/ops/attention.py;
+ * kernel: ort_triton/kernels/attention.py).
+ *
+ * Inputs:  Q [B, Sq, N*D], K and V [B, Skv, N*D], key_bias [B, Skv]    Output: Y, Q's shape
+ * Attributes (contract order): num_heads (N), scale.
+ * One spec per head dim D (the dispatch key, exact); spec consts = (BLOCK_M, BLOCK_N, HEAD_DIM).
+ * Grid: one flat axis of ceil(Sq / BLOCK_M) * B * N programs, the query block fastest (the kernel splits the
+ * program id the same way); grid.x allows 2^31 - 1 where grid.y would stop at 65535 (B * N passes that
+ * for a batch of 8192 with 8 heads).
+ * The generic code (ort_triton.c) has already checked presence of inputs and element types. */
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ot_table.h"
+#include "planner_util.h"
+
+enum { IN_Q, IN_K, IN_V, IN_KEY_BIAS, N_INPUTS };
+enum { ATTR_NUM_HEADS, ATTR_SCALE };
+enum { KEY_HEAD_DIM, N_KEYS };                       /* dispatch keys, in contract order */
+enum { CONST_BLOCK_M, CONST_BLOCK_N, CONST_HEAD_DIM }; /* meaning of ot_spec.consts */
+
+/* Q, K, V: [B, S, hidden], no negative dims (ORT never passes those; the test hook can). */
+static int check_rank3(const ot_op *op, const ot_desc *in, int index, char *err, size_t err_len) {
+  const ot_desc *d = &in[index];
+  char shape[160];
+  if (d->rank != 3) {
+    snprintf(err, err_len, "input %s has shape %s; it must have rank 3, [B, S, num_heads * head_dim]",
+             op->inputs[index].name, ot_shape_text(d, shape, sizeof shape));
+    return 1;
+  }
+  for (size_t i = 0; i < 3; i++) {
+    if (d->dims[i] < 0) {
+      snprintf(err, err_len, "input %s has a negative dimension", op->inputs[index].name);
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* "32, 40, 64" from the spec table: the head dims this library holds kernels for. */
+static void supported_head_dims(const ot_op *op, char *buf, size_t len) {
+  size_t used = 0;
+  buf[0] = '\0';
+  for (int s = 0; s < op->n_specs && used < len; s++) {
+    const ot_spec *spec = &op->specs[s];
+    if (spec->n_keys != N_KEYS) continue;
+    if (spec->key_min[KEY_HEAD_DIM] == spec->key_max[KEY_HEAD_DIM])
+      used += (size_t)snprintf(buf + used, len - used, "%s%lld", used ? ", " : "",
+                               (long long)spec->key_min[KEY_HEAD_DIM]);
+    else
+      used += (size_t)snprintf(buf + used, len - used, "%s%lld..%lld", used ? ", " : "",
+                               (long long)spec->key_min[KEY_HEAD_DIM], (long long)spec->key_max[KEY_HEAD_DIM]);
+  }
+}
+
+int ot_attention_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_outputs, const double *attrs,
+                          ot_plan *plan, char *err, size_t err_len) {
+  if (n_inputs != N_INPUTS || n_outputs != 1 || op->n_attrs != 2) {
+    snprintf(err, err_len, "the kernel table gives this op %d inputs, %d outputs and %d attributes, the attention "
+                           "planner expects 4, 1 and 2; the library is inconsistent, rebuild it",
+             n_inputs, n_outputs, op->n_attrs);
+    return 1;
+  }
+  for (int i = IN_Q; i <= IN_V; i++)
+    if (check_rank3(op, in, i, err, err_len)) return 1;
+  const ot_desc *q = &in[IN_Q], *k = &in[IN_K], *v = &in[IN_V], *kb = &in[IN_KEY_BIAS];
+  const char *q_name = op->inputs[IN_Q].name, *k_name = op->inputs[IN_K].name;
+  char a[160], b[160];
+  if (memcmp(v->dims, k->dims, 3 * sizeof k->dims[0]) != 0) {
+    snprintf(err, err_len, "input %s has shape %s but input %s has shape %s; they must be equal",
+             op->inputs[IN_V].name, ot_shape_text(v, a, sizeof a), k_name, ot_shape_text(k, b, sizeof b));
+    return 1;
+  }
+  const int64_t batch = q->dims[0], sq = q->dims[1], hidden = q->dims[2], skv = k->dims[1];
+  if (k->dims[0] != batch || k->dims[2] != hidden) {
+    snprintf(err, err_len, "input %s has shape %s but input %s has shape %s; they must agree in batch (dim 0) "
+                           "and hidden size (dim 2)",
+             k_name, ot_shape_text(k, a, sizeof a), q_name, ot_shape_text(q, b, sizeof b));
+    return 1;
+  }
+  if (kb->rank != 2 || kb->dims[0] != batch || kb->dims[1] != skv) {
+    snprintf(err, err_len, "input %s has shape %s; it must be [%lld,%lld], [B, Skv] of inputs %s and %s",
+             op->inputs[IN_KEY_BIAS].name, ot_shape_text(kb, a, sizeof a), (long long)batch, (long long)skv,
+             q_name, k_name);
+    return 1;
+  }
+
+  /* attrs hold an ONNX int64 as a double: integral, and the kernel takes it as int32 */
+  const double heads_attr = attrs[ATTR_NUM_HEADS];
+  if (!(heads_attr >= 1 && heads_attr <= INT32_MAX) || heads_attr != (double)(int64_t)heads_attr) {
+    snprintf(err, err_len, "attribute num_heads=%g must be an integer in 1..%d", heads_attr, INT32_MAX);
+    return 1;
+  }
+  const int64_t heads = (int64_t)heads_attr;
+  if (hidden % heads != 0) {
+    snprintf(err, err_len, "hidden size %lld (dim 2 of input %s) is not a multiple of num_heads=%lld",
+             (long long)hidden, q_name, (long long)heads);
+    return 1;
+  }
+  const int64_t head_dim = hidden / heads;
+  const int64_t keys[N_KEYS] = {head_dim};
+  const ot_spec *spec = ot_find_spec(op, keys, N_KEYS);
+  if (!spec) {
+    char dims[256];
+    supported_head_dims(op, dims, sizeof dims);
+    if (!dims[0])
+      snprintf(err, err_len, "this library holds no kernels for this op; rebuild it with the op included");
+    else
+      snprintf(err, err_len, "head dim %lld (hidden size %lld / num_heads %lld) is not supported; this library "
+                             "has kernels for head dims %s (the rewriter should not have fused this node)",
+               (long long)head_dim, (long long)hidden, (long long)heads, dims);
+    return 1;
+  }
+  const int64_t block_m = spec->consts[CONST_BLOCK_M], block_n = spec->consts[CONST_BLOCK_N];
+  if (block_m < 1 || block_n < 1 || spec->consts[CONST_HEAD_DIM] != head_dim) {
+    snprintf(err, err_len, "kernel %s has BLOCK_M=%lld, BLOCK_N=%lld, HEAD_DIM=%lld in the kernel table for head "
+                           "dim %lld; rebuild the library",
+             spec->kernel_name, (long long)block_m, (long long)block_n, (long long)spec->consts[CONST_HEAD_DIM],
+             (long long)head_dim);
+    return 1;
+  }
+  /* The kernel indexes query rows and keys in int32, a block past the end included. */
+  const int64_t max_seq = INT32_MAX - (block_m > block_n ? block_m : block_n);
+  if (sq > max_seq || skv > max_seq) {
+    snprintf(err, err_len, "sequence length %lld (dim 1 of input %s) is more than this kernel's %lld",
+             (long long)(sq > max_seq ? sq : skv), sq > max_seq ? q_name : k_name, (long long)max_seq);
+    return 1;
+  }
+  /* Programs: ceil(Sq / BLOCK_M) * B * N, against grid.x's limit (also the kernel's int32 program id);
+   * each factor is checked before it multiplies, so nothing overflows. */
+  const int64_t tiles = (sq + block_m - 1) / block_m;
+  int64_t programs = tiles;
+  const int64_t factors[2] = {batch, heads};
+  for (int i = 0; i < 2; i++) {
+    if (programs > 0 && factors[i] > INT32_MAX / programs) {
+      snprintf(err, err_len, "the launch needs ceil(Sq / %lld) * B * num_heads = %lld * %lld * %lld programs, "
+                             "more than the %d a CUDA grid holds; split the batch",
+               (long long)block_m, (long long)tiles, (long long)batch, (long long)heads, INT32_MAX);
+      return 1;
+    }
+    programs *= factors[i];
+  }
+
+  plan->spec = spec;
+  plan->grid[0] = (unsigned)programs; /* 0 for an empty batch or Sq = 0: the caller skips the launch */
+  plan->grid[1] = 1;
+  plan->grid[2] = 1;
+  plan->outputs[0] = *q;
+  plan->outputs[0].type = op->outputs[0].type;
+  return 0;
+}
+
+
+int ot_attention_params(const ot_op *op, const ot_plan *plan, const ot_desc *in, void *const *ptrs,
+                        const double *attrs, void *storage, void **params) {
+  (void)plan; /* the spec's constants are compiled into the kernel; only shapes are passed */
+  void *const pointers[5] = {ptrs[IN_Q], ptrs[IN_K], ptrs[IN_V], ptrs[IN_KEY_BIAS], ptrs[op->n_inputs]}; /* Y */
+  const int32_t heads = (int32_t)attrs[ATTR_NUM_HEADS]; /* the plan checked these fit int32 */
+  const int32_t sq = (int32_t)in[IN_Q].dims[1];
+  const int32_t skv = (int32_t)in[IN_K].dims[1];
+  const float scale = (float)attrs[ATTR_SCALE];
+
+  uint64_t *slot = storage;
+  int n = 0;
+  for (int i = 0; i < 5; i++) ot_put_param(slot, params, n++, &pointers[i], sizeof pointers[i]);
+  ot_put_param(slot, params, n++, &heads, sizeof heads);
+  ot_put_param(slot, params, n++, &sq, sizeof sq);
+  ot_put_param(slot, params, n++, &skv, sizeof skv);
+  ot_put_param(slot, params, n++, &scale, sizeof scale);
+  return n;
+}
