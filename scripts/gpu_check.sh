@@ -21,3 +21,4 @@ grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -15
 grep -m1 -B2 -A30 "^_____" "$OUT/gpu_tests.log"   # the first failure, whole
 python3 -m ort_triton.bench.layer_norm --library "$ORT_TRITON_LIBRARY" --json "$OUT/layer_norm_bench.json" \
   ${BENCH_ARGS:-} 2>&1 | tee "$OUT/layer_norm_bench.txt"
+python3 -m ort_triton.bench.attention --json "$OUT/attention_bench.json" 2>&1 | tee "$OUT/attention_bench.txt"

@@ -15,11 +15,30 @@ import argparse
 import json
 
 
-def main(argv=None) -> None:
+def _one_shape(b: int, s: int, n: int, d: int) -> dict:
     import torch
     import triton
 
     from ..kernels.attention import attention
+
+    q, k, v = (torch.randn(b, s, n * d, device="cuda", dtype=torch.float16) for _ in range(3))
+    lengths = torch.randint(s // 2, s + 1, (b,), device="cuda")
+    keep = torch.arange(s, device="cuda")[None, :] < lengths[:, None]
+    key_bias = torch.where(keep, 0.0, torch.finfo(torch.float16).min).to(torch.float16)
+    qh, kh, vh = (t.view(b, s, n, d).transpose(1, 2) for t in (q, k, v))  # [B, N, S, D] views, no copy
+    scale = d**-0.5
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    ms = lambda fn: triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+    ours = ms(lambda: attention(q, k, v, key_bias, n, scale))
+    flash = ms(lambda: sdpa(qh, kh, vh, scale=scale))
+    masked = ms(lambda: sdpa(qh, kh, vh, attn_mask=key_bias[:, None, None, :], scale=scale))
+    flops = 4 * b * n * s * s * d
+    return dict(batch=b, seq=s, heads=n, head_dim=d, ours_ms=ours, sdpa_flash_ms=flash, sdpa_masked_ms=masked,
+                ours_tflops=flops / ours / 1e9, flops=flops)
+
+
+def main(argv=None) -> None:
+    import torch
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default="1x128,8x512,32x512,8x2048", help="BATCHxSEQ,...")
@@ -33,26 +52,11 @@ def main(argv=None) -> None:
           f"{'ours/flash':>10} {'ours/masked':>11}")
     for shape in args.shapes.split(","):
         b, s = map(int, shape.split("x"))
-        q, k, v = (torch.randn(b, s, n * d, device="cuda", dtype=torch.float16) for _ in range(3))
-        lengths = torch.randint(s // 2, s + 1, (b,), device="cuda")
-        keep = torch.arange(s, device="cuda")[None, :] < lengths[:, None]
-        key_bias = torch.where(keep, 0.0, torch.finfo(torch.float16).min).to(torch.float16)
-        heads = lambda t: t.view(b, s, n, d).transpose(1, 2)  # noqa: E731
-        scale = d ** -0.5
-        ours = triton.testing.do_bench(lambda: attention(q, k, v, key_bias, n, scale), warmup=25, rep=200,  # noqa: B023
-                                       return_mode="median")
-        sdpa = torch.nn.functional.scaled_dot_product_attention
-        flash = triton.testing.do_bench(lambda: sdpa(heads(q), heads(k), heads(v), scale=scale),  # noqa: B023
-                                        warmup=25, rep=200, return_mode="median")
-        bias4 = key_bias[:, None, None, :]
-        masked = triton.testing.do_bench(lambda: sdpa(heads(q), heads(k), heads(v), attn_mask=bias4,  # noqa: B023
-                                                      scale=scale), warmup=25, rep=200, return_mode="median")
-        flops = 4 * b * n * s * s * d
-        row = dict(batch=b, seq=s, heads=n, head_dim=d, ours_ms=ours, sdpa_flash_ms=flash, sdpa_masked_ms=masked,
-                   ours_tflops=flops / ours / 1e9, flops=flops)
+        row = _one_shape(b, s, n, d)
         rows.append(row)
-        print(f"{b:3} {s:5} {ours:8.3f} {row['ours_tflops']:8.1f} {flash:10.3f} {masked:11.3f} "
-              f"{flash / ours:10.2f} {masked / ours:11.2f}", flush=True)
+        print(f"{b:3} {s:5} {row['ours_ms']:8.3f} {row['ours_tflops']:8.1f} {row['sdpa_flash_ms']:10.3f} "
+              f"{row['sdpa_masked_ms']:11.3f} {row['sdpa_flash_ms'] / row['ours_ms']:10.2f} "
+              f"{row['sdpa_masked_ms'] / row['ours_ms']:11.2f}", flush=True)
     with open(args.json, "w") as fh:
         json.dump({"gpu": torch.cuda.get_device_name(), "rows": rows}, fh, indent=1)
 
