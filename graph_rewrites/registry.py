@@ -19,6 +19,7 @@ from onnxscript.rewriter._rewrite_rule import RULE_NAME_TAG
 
 from ort_triton.contract import DOMAIN
 
+from . import attention as att
 from . import gelu
 from . import layer_norm as ln
 
@@ -58,6 +59,12 @@ RULES: tuple[RuleInfo, ...] = (
     RuleInfo("bias_add_layer_norm", "AddLayerNorm(m + c, r) -> AddLayerNorm(m, r, bias=c)", 5,
              lambda: [ln.BiasAddLayerNormRule.rule("bias_add_layer_norm", biased_operand=o, keep_sum=k)
                       for o in (0, 1) for k in (False, True)], commute=True),
+    RuleInfo("attention", "softmax(QK^T*s + mask)V, heads split/merged -> MultiHeadAttention", 4,
+             lambda: [att.DecomposedAttentionRule.rule("attention")]),
+    RuleInfo("attention_onnx", "ONNX Attention(Q, K, V, mask) on [B, N, S, D], heads split/merged -> "
+             "MultiHeadAttention", 4, lambda: [att.OnnxAttentionRule.rule("attention_onnx")]),
+    RuleInfo("attention_onnx_3d", "ONNX Attention(Q, K, V, mask; q_num_heads) on [B, S, hidden] -> "
+             "MultiHeadAttention", 4, lambda: [att.OnnxAttention3dRule.rule("attention_onnx_3d")]),
 )
 BY_NAME = {r.name: r for r in RULES}
 

@@ -2,8 +2,9 @@
 
 Every LayerNorm must be fused (as AddLayerNorm where a residual Add of equal shapes feeds it, else as
 LayerNorm: e.g. BERT's embeddings Add broadcasts the position embeddings), every GELU with its bias as
-BiasGelu, and the rewritten model must give the original's outputs on ORT CPU through the function
-bodies (fp32, rel err < 1e-5), at shapes other than the export's.
+BiasGelu, every attention whose head dim the kernel takes as MultiHeadAttention, and the rewritten
+model must give the original's outputs on ORT CPU through the function bodies (fp32, rel err < 1e-5),
+at shapes other than the export's.
 """
 
 import numpy as np
@@ -13,6 +14,7 @@ import pytest
 import graph_rewrites
 from ort_triton import models
 from ort_triton.compare import random_inputs
+from ort_triton.ops.attention import HEAD_DIMS
 
 CASES = [(m, e, None) for m in ("bert-tiny", "bert-40", "bert-odd", "roberta-tiny", "distilbert-tiny", "vit-tiny")
          for e in models.EXPORTERS] + [("bert-tiny", "torchscript", 15)]  # opset 15: LayerNorm decomposed
@@ -36,6 +38,12 @@ def test_every_layer_norm_and_gelu_fused_and_outputs_equal(built, tmp_path, name
     assert after["LayerNormalization"] == after["ReduceMean"] == after["Gelu"] == after["Erf"] == 0, after
     layers = getattr(model.config, "num_hidden_layers", None) or model.config.n_layers
     assert after["ai.ort_triton.BiasGelu"] == layers, after
+    heads = getattr(model.config, "num_attention_heads", None) or model.config.n_heads
+    hidden = getattr(model.config, "hidden_size", None) or model.config.dim
+    fused_attention = layers if hidden // heads in HEAD_DIMS else 0  # bert-odd: head dim 24, refused
+    assert after["ai.ort_triton.MultiHeadAttention"] == fused_attention, after
+    if fused_attention:
+        assert after["Softmax"] == 0, after
     ref = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
     new = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
     vocab = getattr(model.config, "vocab_size", 1)
