@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole GPU check in one device call: build the library for sm_90, run the GPU tests (and the kernel
-# tests, natively on CUDA), then the LayerNorm bandwidth benchmark. Results under $OUT.
+# tests, natively on CUDA), then the attention and LayerNorm benchmarks. Results under $OUT.
 #
 #   ../shared/device/ort-gpu-bundle                 # once, here: writes .ortgpu/
 #   mkdir -p .ortinc && cp "$ORT_INCLUDE_DIR"/*.h .ortinc/   # or: ./dev build (fetches into .cache)
@@ -19,6 +19,6 @@ python3 -m pytest -q -p no:cacheprovider -W ignore --tb=short tests/gpu tests/op
   > "$OUT/gpu_tests.log" 2>&1
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -15
 grep -m1 -B2 -A30 "^_____" "$OUT/gpu_tests.log"   # the first failure, whole
+python3 -m ort_triton.bench.attention --json "$OUT/attention_bench.json" 2>&1 | tee "$OUT/attention_bench.txt"
 python3 -m ort_triton.bench.layer_norm --library "$ORT_TRITON_LIBRARY" --json "$OUT/layer_norm_bench.json" \
   ${BENCH_ARGS:-} 2>&1 | tee "$OUT/layer_norm_bench.txt"
-python3 -m ort_triton.bench.attention --json "$OUT/attention_bench.json" 2>&1 | tee "$OUT/attention_bench.txt"
