@@ -55,7 +55,8 @@ def attention_fwd(
     m_blk = pid - bn * num_m
     b = (bn // N).to(tl.int64)
     n = (bn % N).to(tl.int64)
-    hidden = N.to(tl.int64) * HEAD_DIM  # row stride of Q, K, V, Y
+    # row stride of Q, K, V, Y, in int64; N may arrive as a plain 1 (Triton's JIT specialises ints equal to 1)
+    hidden = N * tl.full([], HEAD_DIM, tl.int64)
     # fp32 dots in 3xTF32; for fp16/bf16 the precision argument is moot
     prec: tl.constexpr = "tf32x3" if Q.dtype.element_ty == tl.float32 else "tf32"
 

@@ -30,9 +30,10 @@ def layer_norm_fwd(
             tl.store(S + offs, x.to(S.dtype.element_ty), mask=mask)
     # div_rn: `/` is the approximate fp32 division, which turns a constant row's mean into mean + 1 ulp
     # and its output into beta + (1 ulp * rstd); with round-to-nearest the row gives beta exactly.
-    mean = tl.div_rn(tl.sum(x, axis=1), H.to(tl.float32))
+    h = tl.full([], H, tl.float32)  # H may arrive as a plain 1 (Triton's JIT specialises ints equal to 1)
+    mean = tl.div_rn(tl.sum(x, axis=1), h)
     d = tl.where(mask, x - mean[:, None], 0.0)
-    rstd = 1.0 / tl.sqrt_rn(tl.div_rn(tl.sum(d * d, axis=1), H.to(tl.float32)) + eps)
+    rstd = 1.0 / tl.sqrt_rn(tl.div_rn(tl.sum(d * d, axis=1), h) + eps)
     w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
     b = tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)
     y = d * rstd[:, None] * w[None, :] + b[None, :]
@@ -68,7 +69,9 @@ def layer_norm(x, gamma, beta, skip=None, epsilon=1e-5, store_sum=False, *, bias
     y = out if out is not None else torch.empty_like(x)
     s = (sum_out if sum_out is not None else torch.empty_like(x)) if store_sum else None
     layer_norm_fwd[(triton.cdiv(n_rows, rows),)](
-        x, skip if skip is not None else x, bias if bias is not None else torch.zeros_like(gamma), gamma, beta, y,
+        # R and C are read only with a residual: without one, any valid pointer does
+        x, skip if skip is not None else x,
+        bias if bias is not None else (torch.zeros_like(gamma) if skip is not None else gamma), gamma, beta, y,
         s if s is not None else y, n_rows, h, epsilon,
         HAS_RES=skip is not None, STORE_SUM=store_sum, BLOCK_H=block, ROWS=rows, num_warps=warps,
     )
