@@ -138,6 +138,30 @@ def cmd_demo(args) -> int:
     return demo.run(_console(args), model_name=args.model, out_dir=args.out_dir, device=args.device)
 
 
+# ---- bench: runtimes side by side on one model ----------------------------------------------------
+def cmd_bench(args) -> int:
+    import shlex
+
+    from .bench import harness, report
+
+    con = _console(args)
+    # the command as it would be typed, for the rows (committed results say how they were made)
+    argv = ([args.model] if args.model else []) + [
+        f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
+        if k in ("shapes", "runtimes", "hf_config", "exporter", "opset", "dtype", "warmup", "iters", "out", "device")
+        and v is not None]
+    try:
+        rows = harness.bench(args.model, hf_config=args.hf_config, shapes=harness.parse_shapes(args.shapes),
+                             runtimes=args.runtimes.split(",") if args.runtimes else None, dtype=args.dtype,
+                             exporter=args.exporter, opset=args.opset, warmup=args.warmup, iters=args.iters,
+                             device=args.device, out_dir=args.out, log=lambda s: con.print(s, markup=False),
+                             command=shlex.join(["ort-triton", "bench", *argv]))
+    except harness.BenchError as e:
+        raise UserError(str(e)) from None
+    report.print_table(rows, con)
+    return 0 if any(r["status"] == "ok" for r in rows) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="ort-triton", description=__doc__.splitlines()[0])
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
@@ -167,6 +191,25 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--out-dir", help="keep the exported and optimized models here")
     m.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     m.set_defaults(func=cmd_demo)
+
+    from .bench.runtimes import RUNTIMES
+
+    n = sub.add_parser("bench", help="time one model on ORT, ORT + ort_triton, torch, ... (same inputs, one process)")
+    n.add_argument("model", nargs="?", help="the ONNX model (optional with --hf-config)")
+    n.add_argument("--shapes", default="1x128,8x128,8x512", help="BATCHxSEQ,... (default %(default)s)")
+    n.add_argument("--runtimes", help="comma-separated, default all: " + ",".join(RUNTIMES))
+    n.add_argument("--hf-config", help="build this model from ort_triton.models.CONFIGS (e.g. bert-base), export it, "
+                   "and add the torch runtimes")
+    n.add_argument("--exporter", choices=("dynamo", "torchscript"), default="dynamo", help="with --hf-config")
+    n.add_argument("--opset", type=int, help="with --hf-config (default: the exporter's)")
+    n.add_argument("--dtype", choices=("float16", "float32"),
+                   help="with --hf-config (default float16 on cuda, float32 on cpu); a file runs in its own")
+    n.add_argument("--warmup", type=int, default=20, help="untimed runs per shape and runtime")
+    n.add_argument("--iters", type=int, default=200, help="timed runs per shape and runtime")
+    n.add_argument("--out", default="bench-results", help="directory for the JSON, CSV and PNG")
+    n.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    n.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS)
+    n.set_defaults(func=cmd_bench)
 
     for sp in (o, b, d, m):
         sp.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS)
