@@ -27,6 +27,16 @@ def get_library_path() -> pathlib.Path:
                           "ORT_TRITON_LIBRARY.")
 
 
+def launch_count(library: str | pathlib.Path | None = None) -> int:
+    """Kernels the library has launched in this process (all sessions): proves that a node ran its
+    Triton kernel rather than its function body. The library is the one ORT loaded (same path)."""
+    import ctypes
+
+    fn = ctypes.CDLL(str(library or get_library_path())).ort_triton_launches
+    fn.restype = ctypes.c_long
+    return fn()
+
+
 def register(session_options, library: str | pathlib.Path | None = None) -> pathlib.Path:
     """Register the ort_triton custom ops into `session_options` (only for sessions on the CUDA EP)."""
     path = pathlib.Path(library) if library else get_library_path()

@@ -251,13 +251,11 @@ class OrtTriton(OrtStock):
     def prepare(self, model, shape, inputs):
         runner = super().prepare(model, shape, inputs)
         if model.device == "cuda":  # proof that our kernels ran rather than the function bodies
-            from ..runtime import get_library_path
+            from ..runtime import launch_count
 
-            launches = ctypes.CDLL(str(get_library_path())).ort_triton_launches  # the loaded library's counter
-            launches.restype = ctypes.c_long
-            before = launches()
+            before = launch_count()
             runner.run()  # the first run of a session is never a graph replay, so every launch counts
-            self.info = f"{self.fused}; {launches() - before} library kernel launches per run"
+            self.info = f"{self.fused}; {launch_count() - before} library kernel launches per run"
         return runner
 
 

@@ -7,7 +7,6 @@ head dim the library holds, S from 1 to 512. `ort_triton_launches` proves the Tr
 body.
 """
 
-import ctypes
 
 import numpy as np
 import onnx
@@ -17,7 +16,7 @@ from onnx import TensorProto, helper
 
 from ort_triton.contract import DOMAIN
 from ort_triton.ops.attention import MULTI_HEAD_ATTENTION, reference_attention
-from ort_triton.runtime import make_session
+from ort_triton.runtime import launch_count, make_session
 
 pytestmark = pytest.mark.gpu
 
@@ -45,11 +44,6 @@ def _model(type_name, b, sq, skv, hidden, num_heads, scale):
     return m
 
 
-def _launches(lib) -> int:
-    fn = ctypes.CDLL(str(lib)).ort_triton_launches
-    fn.restype = ctypes.c_long
-    return fn()
-
 
 def _round(a, torch_dtype):
     return torch.from_numpy(a).to(torch_dtype).double().numpy()
@@ -71,9 +65,9 @@ def _run_and_check(lib, type_name, b, sq, skv, num_heads, d, low, rng):
     kb, lengths = _key_bias(b, skv, type_name, rng, low)
     sess = make_session(_model(type_name, b, sq, skv, hidden, num_heads, scale), providers=["CUDAExecutionProvider"],
                         library=lib)
-    before = _launches(lib)
+    before = launch_count(lib)
     (got,) = sess.run(None, {"q32": q, "k32": k, "v32": v, "key_bias32": kb})
-    assert _launches(lib) == before + 1, "the Triton kernel did not run"
+    assert launch_count(lib) == before + 1, "the Triton kernel did not run"
     (want,) = reference_attention(*(_round(a, torch_dtype) for a in (q, k, v, kb)), num_heads, scale)
     assert np.isfinite(got).all()
     err = np.abs(got - want).max() / max(np.abs(want).max(), 1e-6)

@@ -2,7 +2,6 @@
 on ORT CPU in fp32; and in fp16 against the same model's fp32 outputs."""
 
 import collections
-import ctypes
 
 import numpy as np
 import onnxruntime as ort
@@ -11,15 +10,10 @@ import pytest
 import graph_rewrites
 from ort_triton import models
 from ort_triton.compare import random_inputs
-from ort_triton.runtime import make_session
+from ort_triton.runtime import launch_count, make_session
 
 pytestmark = pytest.mark.gpu
 
-
-def _launches(lib) -> int:
-    fn = ctypes.CDLL(str(lib)).ort_triton_launches
-    fn.restype = ctypes.c_long
-    return fn()
 
 
 # fp16 from the torchscript exporter is left out: its fp16 BERT fails ORT's own type check (a Cast to
@@ -44,9 +38,9 @@ def test_rewritten_bert_on_cuda(gpu_library, tmp_path, exporter, dtype):
     ours = make_session(optimized, providers=cuda, library=gpu_library)
     stock = ort.InferenceSession(str(src), providers=cuda)
     feeds = random_inputs(ref, 4, 37, model.config.vocab_size)
-    before = _launches(gpu_library)
+    before = launch_count(gpu_library)
     (got,) = ours.run(None, feeds)
-    assert _launches(gpu_library) - before == n_ours
+    assert launch_count(gpu_library) - before == n_ours
     (want,) = ref.run(None, feeds)
     (theirs,) = stock.run(None, feeds)
     err = lambda out: np.abs(out.astype(np.float64) - want).max() / np.abs(want).max()

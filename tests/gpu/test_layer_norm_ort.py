@@ -5,7 +5,6 @@ wrapped in Casts so fp16 and bf16 run with fp32 numpy I/O; the inputs are rounde
 before the reference sees them. `ort_triton_launches` proves the Triton kernel ran, not the body.
 """
 
-import ctypes
 
 import numpy as np
 import onnx
@@ -16,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import graph_rewrites
 from ort_triton.ops.layer_norm import reference_add_layer_norm, reference_layer_norm
-from ort_triton.runtime import make_session
+from ort_triton.runtime import launch_count, make_session
 
 pytestmark = pytest.mark.gpu
 
@@ -49,11 +48,6 @@ def _model(shape, type_name, residual, keep_sum):
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
 
 
-def _launches(lib) -> int:
-    fn = ctypes.CDLL(str(lib)).ort_triton_launches
-    fn.restype = ctypes.c_long
-    return fn()
-
 
 def _round(a, torch_dtype):
     return torch.from_numpy(a).to(torch_dtype).double().numpy()
@@ -77,9 +71,9 @@ def test_cuda_ep_runs_the_kernel(gpu_library, type_name, shape, mode):
     r = rng.normal(0, 1, shape).astype(np.float32)
     feeds = {"x32": x, **({"r32": r} if residual else {})}
     sess = make_session(optimized, providers=["CUDAExecutionProvider"], library=gpu_library)
-    before = _launches(gpu_library)
+    before = launch_count(gpu_library)
     outs = sess.run(None, feeds)
-    assert _launches(gpu_library) == before + 1, "the Triton kernel did not run"
+    assert launch_count(gpu_library) == before + 1, "the Triton kernel did not run"
     inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     g, b = _round(inits["g32"], torch_dtype), _round(inits["b32"], torch_dtype)
     xr, rr = _round(x, torch_dtype), _round(r, torch_dtype)
