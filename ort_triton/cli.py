@@ -1,4 +1,4 @@
-"""ort-triton: optimize | build | doctor | demo.
+"""ort-triton: optimize | compare | bench | build | doctor | demo.
 
 Exit codes: 0 success, 1 a check failed (accuracy FAILED), 2 bad input or usage.
 """
@@ -21,7 +21,9 @@ class UserError(Exception):
 
 
 def _console(args) -> Console:
-    return Console(stderr=False, quiet=getattr(args, "quiet", False), highlight=False)
+    # piped output (CI logs, `| tee`) gets 160 columns instead of rich's 80, so tables don't fold
+    width = None if sys.stdout.isatty() else 160
+    return Console(stderr=False, quiet=getattr(args, "quiet", False), highlight=False, width=width)
 
 
 # ---- optimize -----------------------------------------------------------------------------------
@@ -43,6 +45,9 @@ def save_atomic(model, out: pathlib.Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
     os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it 0600; the model gets the permissions of any new file
     try:
         onnx.save(model, tmp)
         os.replace(tmp, out)
@@ -107,6 +112,50 @@ def cmd_optimize(args) -> int:
             "rules": {k: v.as_dict() for k, v in report.rules.items()}, "notes": report.notes,
         }, indent=2) + "\n")
     return 0
+
+
+# ---- compare ------------------------------------------------------------------------------------
+def _parse_inputs(text: str | None) -> tuple[dict | None, int, int]:
+    """--inputs: an .npz of named arrays, or BATCHxSEQ for random inputs (default 2x16)."""
+    if text and text.endswith(".npz"):
+        import numpy as np
+
+        path = pathlib.Path(text)
+        if not path.is_file():
+            raise UserError(f"{path}: no such file")
+        with np.load(path) as data:
+            return {k: data[k] for k in data.files}, 0, 0
+    try:
+        batch, seq = (int(v) for v in (text or "2x16").lower().split("x"))
+    except ValueError:
+        raise UserError(f"--inputs takes BATCHxSEQ (e.g. 2x16) or an .npz file, not {text!r}") from None
+    return None, batch, seq
+
+
+def cmd_compare(args) -> int:
+    from .compare import compare_models
+
+    con = _console(args)
+    feeds, batch, seq = _parse_inputs(args.inputs)
+    a, b = _load_model(pathlib.Path(args.reference)), _load_model(pathlib.Path(args.candidate))
+    try:
+        diffs, used = compare_models(a, b, device=args.device, batch=batch, seq=seq, rtol=args.rtol, atol=args.atol,
+                                     feeds=feeds)
+    except Exception as e:  # noqa: BLE001  (ORT raises its own types for bad feeds, missing providers...)
+        raise UserError(f"could not run the models: {type(e).__name__}: {str(e)[:400]}") from None
+    table = Table(title=f"{args.candidate} vs {args.reference} ({args.device}; inputs "
+                        f"{', '.join(f'{k} {list(v.shape)}' for k, v in used.items())})", title_justify="left")
+    for col in ("output", "dtype", "shape", "max abs", "mean abs", "p99 abs", "rel", "result"):
+        table.add_column(col)
+    for d in diffs:
+        table.add_row(d.name, d.dtype, "x".join(map(str, d.shape)), f"{d.max_abs:.3e}", f"{d.mean_abs:.3e}",
+                      f"{d.p99_abs:.3e}", f"{d.rel:.3e}",
+                      ("[green]PASSED[/]" if d.ok else "[red]FAILED[/]") + (f" ({d.note})" if d.note else ""))
+    con.print(table)
+    ok = all(d.ok for d in diffs)
+    print(f"{'PASSED' if ok else 'FAILED'}: {sum(d.ok for d in diffs)}/{len(diffs)} outputs within "
+          f"atol={args.atol:g} + rtol={args.rtol:g} * max|reference|")
+    return 0 if ok else 1
 
 
 # ---- build --------------------------------------------------------------------------------------
@@ -176,6 +225,15 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("--json", metavar="PATH", help="write the report as JSON")
     o.set_defaults(func=cmd_optimize)
 
+    c = sub.add_parser("compare", help="run two models on the same inputs; PASSED/FAILED per output")
+    c.add_argument("reference")
+    c.add_argument("candidate")
+    c.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    c.add_argument("--rtol", type=float, default=1e-4, help="relative to the output's largest magnitude")
+    c.add_argument("--atol", type=float, default=0.0)
+    c.add_argument("--inputs", help="BATCHxSEQ for random inputs (default 2x16), or an .npz of named arrays")
+    c.set_defaults(func=cmd_compare)
+
     b = sub.add_parser("build", help="compile the kernels and the native library (no GPU needed)")
     b.add_argument("--arch", help="compute capabilities, e.g. 80,86,89,90 (default)")
     b.add_argument("-o", "--output", help="directory for libort_triton.so")
@@ -211,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     n.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS)
     n.set_defaults(func=cmd_bench)
 
-    for sp in (o, b, d, m):
+    for sp in (o, c, b, d, m):
         sp.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS)
     args = p.parse_args(argv)
     try:

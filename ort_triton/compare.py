@@ -1,5 +1,9 @@
-"""Compare two sets of model outputs: per output the max and mean absolute error and the error relative to
-the reference's largest magnitude (what fp32 tolerances in this project mean by 'rel err')."""
+"""Compare two sets of model outputs, and two models on the same inputs (`ort-triton compare`).
+
+Per output: max, mean and p99 absolute error, and the error relative to the reference's largest
+magnitude, max |a - b| / max |a| (what the project's tolerances mean by 'rel err'). An output passes when
+max |a - b| <= atol + rtol * max |a| and NaN/Inf stand in the same places.
+"""
 
 from __future__ import annotations
 
@@ -17,35 +21,77 @@ class OutputDiff:
     mean_abs: float
     rel: float  # max |a - b| / max |a|
     ok: bool
+    p99_abs: float = 0.0
+    note: str = ""
 
 
-def diff(name: str, ref: np.ndarray, out: np.ndarray, rtol: float) -> OutputDiff:
+def diff(name: str, ref: np.ndarray, out: np.ndarray, rtol: float, atol: float = 0.0) -> OutputDiff:
     ref64, out64 = np.asarray(ref, np.float64), np.asarray(out, np.float64)
     if ref64.shape != out64.shape:
-        return OutputDiff(name, out64.shape, str(out.dtype), float("inf"), float("inf"), float("inf"), False)
-    err = np.abs(ref64 - out64)
-    scale = float(np.max(np.abs(ref64))) if ref64.size else 0.0
-    finite = bool(np.all(np.isfinite(out64) == np.isfinite(ref64)))
+        inf = float("inf")
+        return OutputDiff(name, out64.shape, str(out.dtype), inf, inf, inf, False, inf,
+                          f"shape {list(out64.shape)} != reference {list(ref64.shape)}")
+    same_nonfinite = bool(np.array_equal(np.isnan(ref64), np.isnan(out64))
+                          and np.array_equal(np.where(np.isinf(ref64), ref64, 0), np.where(np.isinf(out64), out64, 0)))
+    finite = np.isfinite(ref64) & np.isfinite(out64)
+    err = np.abs(ref64 - out64)[finite]
+    scale = float(np.max(np.abs(ref64[finite]))) if err.size else 0.0
     max_abs = float(err.max()) if err.size else 0.0
     rel = max_abs / scale if scale else max_abs
-    return OutputDiff(name, ref64.shape, str(out.dtype), max_abs, float(err.mean()) if err.size else 0.0, rel,
-                      finite and rel <= rtol)
+    ok = same_nonfinite and max_abs <= atol + rtol * scale
+    return OutputDiff(name, ref64.shape, str(out.dtype), max_abs, float(err.mean()) if err.size else 0.0, rel, ok,
+                      float(np.percentile(err, 99)) if err.size else 0.0,
+                      "" if same_nonfinite else "NaN/Inf in different places")
 
 
-def random_inputs(session, batch: int, seq: int, vocab: int, seed: int = 0) -> dict:
-    """Inputs for an encoder session, by name: token ids, a padded attention mask (the last row padded
-    from seq // 2 on), or, for float inputs such as pixel_values, normal noise of the input's static shape
-    with the batch dimension set."""
+def random_inputs(session, batch: int, seq: int, vocab: int | dict, seed: int = 0) -> dict:
+    """Inputs for a session, by name. Static dims are kept; a symbolic dim becomes `batch` when it is
+    the first and `seq` otherwise. Integer inputs named like a mask get ones with the last row padded
+    from seq // 2 on; other integer inputs ids below `vocab` (per input name when a dict, else 2); float
+    inputs (pixel_values, hidden states) normal noise."""
     rng = np.random.default_rng(seed)
     feeds = {}
     for inp in session.get_inputs():
+        shape = [d if isinstance(d, int) else (batch if i == 0 else seq) for i, d in enumerate(inp.shape)]
         if "float" in inp.type:
-            shape = [batch] + [d if isinstance(d, int) else seq for d in inp.shape[1:]]
             feeds[inp.name] = rng.normal(size=shape).astype(np.float16 if "float16" in inp.type else np.float32)
         elif "mask" in inp.name:
-            m = np.ones((batch, seq), np.int64)
-            m[-1, seq // 2:] = 0
+            m = np.ones(shape, np.int64)
+            if m.ndim == 2:
+                m[-1, m.shape[1] // 2:] = 0
             feeds[inp.name] = m
         else:
-            feeds[inp.name] = rng.integers(0, vocab, (batch, seq), dtype=np.int64)
+            high = vocab.get(inp.name, 2) if isinstance(vocab, dict) else vocab
+            feeds[inp.name] = rng.integers(0, high, shape, dtype=np.int64)
     return feeds
+
+
+def index_ranges(model) -> dict[str, int]:
+    """For integer graph inputs that index a table (Gather on an initializer: token ids, position ids),
+    the table's length: random ids must stay below it."""
+    inits = {t.name: t.dims[0] for t in model.graph.initializer if t.dims}
+    ranges = {}
+    for node in model.graph.node:
+        if node.op_type == "Gather" and len(node.input) == 2 and node.input[0] in inits:
+            ranges[node.input[1]] = min(ranges.get(node.input[1], inits[node.input[0]]), inits[node.input[0]])
+    return ranges
+
+
+def compare_models(a, b, *, device: str = "cpu", batch: int = 2, seq: int = 16, rtol: float = 1e-4,
+                   atol: float = 0.0, feeds: dict | None = None, seed: int = 0) -> tuple[list[OutputDiff], dict]:
+    """Run model a (the reference) and b on the same inputs: given ones, else random (token ids below
+    each table's length, a padded attention mask, normal floats). Returns the per-output diffs and the
+    inputs used. `device` "cuda" runs both on the CUDA EP, b with the ort_triton library."""
+    import onnxruntime as ort
+
+    from .runtime import make_session
+
+    providers = ["CUDAExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
+    ref = ort.InferenceSession(a.SerializeToString(), providers=providers)
+    cand = make_session(b, providers=providers)
+    if feeds is None:
+        feeds = random_inputs(ref, batch, seq, index_ranges(a), seed)
+    names = [o.name for o in ref.get_outputs()]
+    if names != [o.name for o in cand.get_outputs()]:
+        raise ValueError(f"the models' outputs differ: {names} vs {[o.name for o in cand.get_outputs()]}")
+    return [diff(n, x, y, rtol, atol) for n, x, y in zip(names, ref.run(None, feeds), cand.run(None, feeds))], feeds

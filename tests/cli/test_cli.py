@@ -97,3 +97,34 @@ def test_doctor_reports_what_is_missing(native_library):
 def test_python_m_entry_point():
     res = run_cli("--help")
     assert "optimize" in res.stdout and "build" in res.stdout
+
+
+def test_compare_passes_equal_models_and_fails_different_ones(tmp_path):
+    src = _ln_model(tmp_path / "in.onnx")
+    run_cli("optimize", src, "-o", tmp_path / "opt.onnx")
+    res = run_cli("compare", src, tmp_path / "opt.onnx", "--inputs", "3x32")
+    assert "PASSED: 1/1" in res.stdout and "p99 abs" in res.stdout
+    other = onnx.load(src)  # a model that really differs: another beta
+    other.graph.initializer[1].CopyFrom(numpy_helper.from_array(
+        numpy_helper.to_array(other.graph.initializer[1]) + 0.5, "b"))
+    onnx.save(other, tmp_path / "other.onnx")
+    res = run_cli("compare", src, tmp_path / "other.onnx", check=False)
+    assert res.returncode == 1 and "FAILED: 0/1" in res.stdout
+
+
+def test_compare_with_given_inputs_and_bad_arguments(tmp_path):
+    import numpy as np
+
+    src = _ln_model(tmp_path / "in.onnx", with_add=False)
+    np.savez(tmp_path / "in.npz", a=np.ones((3, 32), np.float32))
+    assert run_cli("compare", src, src, "--inputs", tmp_path / "in.npz").returncode == 0
+    res = run_cli("compare", src, src, "--inputs", "banana", check=False)
+    assert res.returncode == 2 and "BATCHxSEQ" in res.stderr
+    res = run_cli("compare", src, tmp_path / "missing.onnx", check=False)
+    assert res.returncode == 2 and "no such file" in res.stderr
+
+
+def test_optimized_file_has_ordinary_permissions(tmp_path):
+    src = _ln_model(tmp_path / "in.onnx")
+    run_cli("optimize", src, "-o", tmp_path / "out.onnx")
+    assert (tmp_path / "out.onnx").stat().st_mode & 0o044 == 0o044  # group/other readable (umask 022)
