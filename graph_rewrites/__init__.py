@@ -20,7 +20,7 @@ from ort_triton.ops import BY_NAME as OPS
 
 from .registry import RULES, RuleStats, apply_rules, select
 
-__all__ = ["RULES", "Report", "optimize", "op_counts"]
+__all__ = ["FP32_KEEP", "RULES", "Report", "op_counts", "optimize", "to_float16"]
 
 _MIN_IR_VERSION = 8  # model-local functions
 
@@ -102,9 +102,26 @@ def _finish(proto: onnx.ModelProto) -> None:
         proto.ir_version = max(proto.ir_version, _MIN_IR_VERSION)
 
 
-def optimize(model, *, only: list[str] | None = None, disable: list[str] | None = None, report: bool = False):
-    """Fuse what the rules find. Returns a model of the input's type (a path gives an onnx.ModelProto);
-    with report=True, (model, Report). The input is never modified."""
+# Ops --float16 leaves in fp32 besides onnxruntime's own block list: the ones whose fp16 results overflow
+# or lose the most (sums of squares, exponentials). Fused ops compute in fp32 inside, whatever their type.
+FP32_KEEP = ("Pow", "ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL2", "Exp", "Log", "Sqrt", "Reciprocal")
+
+
+def to_float16(proto: onnx.ModelProto, *, keep_io_types: bool = False,
+               keep_fp32: tuple[str, ...] = FP32_KEEP) -> onnx.ModelProto:
+    """fp32 -> fp16 with onnxruntime's converter: initializers and activations in fp16, the ops in
+    keep_fp32 (and ORT's block list) behind Casts, graph inputs/outputs fp32 when keep_io_types."""
+    from onnxruntime.transformers import float16
+
+    return float16.convert_float_to_float16(proto, keep_io_types=keep_io_types,
+                                            op_block_list=sorted(set(float16.DEFAULT_OP_BLOCK_LIST) | set(keep_fp32)))
+
+
+def optimize(model, *, only: list[str] | None = None, disable: list[str] | None = None, report: bool = False,
+             float16: bool = False, keep_io_types: bool = False, keep_fp32: tuple[str, ...] = FP32_KEEP):
+    """Fuse what the rules find, then (float16=True) convert to fp16 (see to_float16). Returns a model
+    of the input's type (a path gives an onnx.ModelProto); with report=True, (model, Report). The input
+    is never modified."""
     rules = select(only, disable)
     proto = _load(model)
     before = op_counts(proto)
@@ -122,6 +139,8 @@ def optimize(model, *, only: list[str] | None = None, disable: list[str] | None 
     stats.update(apply_rules(ir_model, rules))
     out = ir.serde.serialize_model(ir_model)
     _finish(out)
+    if float16:
+        out = to_float16(out, keep_io_types=keep_io_types, keep_fp32=tuple(keep_fp32))
     result = ir.serde.deserialize_model(out) if isinstance(model, ir.Model) else out
     if report:
         return result, Report(stats, before, op_counts(out), notes)

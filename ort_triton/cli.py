@@ -91,9 +91,14 @@ def cmd_optimize(args) -> int:
     src, dst = pathlib.Path(args.input), pathlib.Path(args.output)
     if dst.exists() and _same_file(src, dst):
         raise UserError(f"output {dst} is the input: choose another path (the input is never overwritten)")
+    known = graph_rewrites.registry.BY_NAME
+    if args.explain and args.explain not in known:
+        raise UserError(f"--explain: unknown rule {args.explain!r}; rules: {', '.join(known)}")
     model = _load_model(src)
     try:
-        out, report = graph_rewrites.optimize(model, only=args.only, disable=args.disable, report=True)
+        keep = tuple(args.keep_fp32.split(",")) if args.keep_fp32 else graph_rewrites.FP32_KEEP
+        out, report = graph_rewrites.optimize(model, only=args.only, disable=args.disable, report=True,
+                                              float16=args.float16, keep_io_types=args.keep_io_types, keep_fp32=keep)
     except ValueError as e:
         raise UserError(str(e)) from None
     save_atomic(out, dst)
@@ -101,6 +106,15 @@ def cmd_optimize(args) -> int:
                        f"{src.name} -> {dst.name}  ({src.stat().st_size / 1e6:.1f} MB -> "
                        f"{dst.stat().st_size / 1e6:.1f} MB)"))
     con.print(rule_table(report, args.verbose))
+    if args.explain:
+        st = report.rules[args.explain]
+        con.print(f"[bold]{st.name}[/]: {st.identity}; matched {st.matched} of {st.tried} candidates")
+        for r in st.refused:
+            con.print(f"  refused {r.node}: {r.reason}")
+        if st.best_partial:
+            con.print(f"  best partial match, at {st.best_partial.node}: {st.best_partial.reason}")
+        if not st.refused and not st.best_partial:
+            con.print("  no node started this rule's pattern")
     for note in report.notes:
         con.print(f"[yellow]note:[/] {note}")
     if report.fused() == 0:
@@ -221,7 +235,12 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("-o", "--output", required=True)
     o.add_argument("--only", action="append", metavar="RULE", help="apply only this rule (repeatable)")
     o.add_argument("--disable", action="append", metavar="RULE", help="skip this rule (repeatable)")
+    o.add_argument("--float16", action="store_true", help="convert to fp16 after fusing (onnxruntime's converter)")
+    o.add_argument("--keep-io-types", action="store_true", help="with --float16: graph inputs/outputs stay fp32")
+    o.add_argument("--keep-fp32", metavar="OP,OP", help="with --float16: ops left in fp32 (default: "
+                   "Pow, ReduceMean, ReduceSum, Exp, Log, Sqrt, ... and onnxruntime's block list)")
     o.add_argument("-v", "--verbose", action="store_true", help="show every refused candidate and why")
+    o.add_argument("--explain", metavar="RULE", help="for one rule: every refusal and its best partial match")
     o.add_argument("--json", metavar="PATH", help="write the report as JSON")
     o.set_defaults(func=cmd_optimize)
 

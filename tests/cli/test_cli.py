@@ -128,3 +128,28 @@ def test_optimized_file_has_ordinary_permissions(tmp_path):
     src = _ln_model(tmp_path / "in.onnx")
     run_cli("optimize", src, "-o", tmp_path / "out.onnx")
     assert (tmp_path / "out.onnx").stat().st_mode & 0o044 == 0o044  # group/other readable (umask 022)
+
+
+@pytest.mark.slow
+def test_float16_keeps_io_types_and_matches_fp32(tmp_path):
+    from ort_triton import models
+
+    src = models.export(models.build("bert-tiny"), tmp_path / "bert.onnx", exporter="dynamo")
+    out = tmp_path / "bert16.onnx"
+    run_cli("optimize", src, "-o", out, "--float16", "--keep-io-types")
+    m = onnx.load(out)
+    assert {i.type.tensor_type.elem_type for i in m.graph.output} == {TensorProto.FLOAT}
+    floats = [t for t in m.graph.initializer if t.data_type in (TensorProto.FLOAT, TensorProto.FLOAT16)]
+    assert floats and all(t.data_type == TensorProto.FLOAT16 for t in floats if t.dims)
+    assert sum(n.domain == "ai.ort_triton" for n in m.graph.node) > 0
+    res = run_cli("compare", src, out, "--rtol", "2e-2", "--inputs", "2x9")
+    assert "PASSED" in res.stdout
+
+
+def test_explain_shows_the_rules_refusals(tmp_path):
+    src = _ln_model(tmp_path / "in.onnx")
+    res = run_cli("optimize", src, "-o", tmp_path / "o.onnx", "--disable", "add_layer_norm", "--explain",
+                  "add_layer_norm_keep_sum")
+    assert "add_layer_norm_keep_sum" in res.stdout and "read only by the norm" in res.stdout
+    res = run_cli("optimize", src, "-o", tmp_path / "o.onnx", "--explain", "nope", check=False)
+    assert res.returncode == 2 and "unknown rule 'nope'" in res.stderr
