@@ -27,30 +27,69 @@ def _console(args) -> Console:
 
 
 # ---- optimize -----------------------------------------------------------------------------------
+def _external_files(model) -> set[str]:
+    from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
+
+    return {ExternalDataInfo(t).location for t in _get_all_tensors(model) if uses_external_data(t)}
+
+
 def _load_model(path: pathlib.Path):
+    """The model with its external data (checked first, so a missing file is named, not a traceback)."""
     import onnx
+    from onnx.external_data_helper import load_external_data_for_model
 
     if not path.is_file():
         raise UserError(f"{path}: no such file")
     try:
-        return onnx.load(str(path))
+        model = onnx.load(str(path), load_external_data=False)
     except Exception as e:  # noqa: BLE001  (protobuf raises DecodeError, onnx its own types)
         raise UserError(f"{path}: not a readable ONNX model ({type(e).__name__}: {str(e)[:200]})") from None
+    missing = sorted(f for f in _external_files(model) if not (path.parent / f).is_file())
+    if missing:
+        raise UserError(f"{path}: its external data file(s) {', '.join(missing)} are missing; they must sit next "
+                        f"to the model, in {path.parent}")
+    load_external_data_for_model(model, str(path.parent))
+    return model
 
 
-def save_atomic(model, out: pathlib.Path) -> None:
-    """Write next to the target, then rename: a crash leaves either the old file or the new one."""
+_PROTO_LIMIT = 2**31 - 2**26  # protobuf's 2 GiB, less headroom for the graph itself
+
+
+def save_atomic(model, out: pathlib.Path, external: bool = False) -> None:
+    """Write next to the target, then rename: a crash leaves the old file or the new one, never half.
+    With external=True, or past protobuf's 2 GiB, the weights go to a data file of a name unique to this
+    write, which the new model references and which lands before it; the previous one is removed after.
+    The model's tensors are moved out to the data file (the caller's model is consumed)."""
+    import uuid
+
     import onnx
+    from onnx.external_data_helper import convert_model_to_external_data, write_external_data_tensors
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    os.close(fd)
     umask = os.umask(0)
     os.umask(umask)
+    old_data = {out.parent / f for f in _external_files(onnx.load(str(out), load_external_data=False))} \
+        if out.exists() else set()
+    data_name = None
+    if external or model.ByteSize() > _PROTO_LIMIT:
+        data_name = f"{out.name}.{uuid.uuid4().hex[:8]}.data"
+        convert_model_to_external_data(model, all_tensors_to_one_file=True, location=data_name, size_threshold=1024)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    os.close(fd)
     os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it 0600; the model gets the permissions of any new file
     try:
+        if data_name:
+            write_external_data_tensors(model, str(out.parent))  # a new name: nothing reads it yet
+            if (out.parent / data_name).exists():  # (not when every tensor is under the threshold)
+                os.chmod(out.parent / data_name, 0o666 & ~umask)
         onnx.save(model, tmp)
         os.replace(tmp, out)
+        for f in old_data - ({out.parent / data_name} if data_name else set()):
+            f.unlink(missing_ok=True)
+    except BaseException:
+        if data_name:
+            (out.parent / data_name).unlink(missing_ok=True)
+        raise
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -101,7 +140,10 @@ def cmd_optimize(args) -> int:
                                               float16=args.float16, keep_io_types=args.keep_io_types, keep_fp32=keep)
     except ValueError as e:
         raise UserError(str(e)) from None
-    save_atomic(out, dst)
+    import onnx
+
+    external = bool(_external_files(onnx.load(str(src), load_external_data=False)))  # as the input was
+    save_atomic(out, dst, external=external)
     con.print(op_table(report.ops_before, report.ops_after,
                        f"{src.name} -> {dst.name}  ({src.stat().st_size / 1e6:.1f} MB -> "
                        f"{dst.stat().st_size / 1e6:.1f} MB)"))

@@ -10,8 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 from tests.conftest import HAS_CUDA, run_cli
 
 
-def _ln_model(path, with_add=True):
-    h = 32
+def _ln_model(path, with_add=True, h=32):
     nodes = [helper.make_node("LayerNormalization", ["s" if with_add else "a", "g", "b"], ["y"], axis=-1)]
     if with_add:
         nodes.insert(0, helper.make_node("Add", ["a", "c"], ["s"]))
@@ -153,3 +152,30 @@ def test_explain_shows_the_rules_refusals(tmp_path):
     assert "add_layer_norm_keep_sum" in res.stdout and "read only by the norm" in res.stdout
     res = run_cli("optimize", src, "-o", tmp_path / "o.onnx", "--explain", "nope", check=False)
     assert res.returncode == 2 and "unknown rule 'nope'" in res.stderr
+
+
+def _external(tmp_path):
+    src = _ln_model(tmp_path / "in.onnx", h=640)  # 2.5 KB vectors: over the 1 KB external-data threshold
+    m = onnx.load(src)
+    onnx.save(m, tmp_path / "ext.onnx", save_as_external_data=True, location="ext.weights", size_threshold=0)
+    return tmp_path / "ext.onnx", tmp_path / "ext.weights"
+
+
+def test_external_data_model_is_written_with_external_data(tmp_path):
+    src, weights = _external(tmp_path)
+    out = tmp_path / "out" / "opt.onnx"
+    run_cli("optimize", src, "-o", out)
+    data = [p for p in out.parent.iterdir() if p.suffix == ".data"]
+    assert len(data) == 1 and data[0].stat().st_size > 0
+    assert run_cli("compare", src, out).returncode == 0
+    run_cli("optimize", src, "-o", out)  # again over the first: the old data file goes, the new one stays
+    assert len([p for p in out.parent.iterdir() if p.suffix == ".data"]) == 1
+    assert run_cli("compare", src, out).returncode == 0
+
+
+def test_missing_external_data_file_is_named(tmp_path):
+    src, weights = _external(tmp_path)
+    weights.unlink()
+    res = run_cli("optimize", src, "-o", tmp_path / "o.onnx", check=False)
+    assert res.returncode == 2 and "ext.weights are missing" in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "o.onnx").exists()
