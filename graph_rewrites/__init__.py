@@ -118,10 +118,11 @@ def to_float16(proto: onnx.ModelProto, *, keep_io_types: bool = False,
 
 
 def optimize(model, *, only: list[str] | None = None, disable: list[str] | None = None, report: bool = False,
-             float16: bool = False, keep_io_types: bool = False, keep_fp32: tuple[str, ...] = FP32_KEEP):
+             float16: bool = False, keep_io_types: bool = False, keep_fp32: tuple[str, ...] = FP32_KEEP,
+             progress=None):
     """Fuse what the rules find, then (float16=True) convert to fp16 (see to_float16). Returns a model
     of the input's type (a path gives an onnx.ModelProto); with report=True, (model, Report). The input
-    is never modified."""
+    is never modified. progress(done, total, what) is called between rule stages."""
     rules = select(only, disable)
     proto = _load(model)
     before = op_counts(proto)
@@ -136,7 +137,7 @@ def optimize(model, *, only: list[str] | None = None, disable: list[str] | None 
         pass
     ir_model = ir.serde.deserialize_model(proto)
     stats = {r.name: RuleStats(r.name, r.identity) for r in select(only, disable)}
-    stats.update(apply_rules(ir_model, rules))
+    stats.update(apply_rules(ir_model, rules, progress))
     out = ir.serde.serialize_model(ir_model)
     _finish(out)
     if float16:

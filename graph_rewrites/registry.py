@@ -153,7 +153,7 @@ def _tagged(graph: ir.Graph) -> collections.Counter:
                                for n in ir.traversal.RecursiveGraphIterator(graph) if n.domain == DOMAIN)
 
 
-def apply_rules(model: ir.Model, rules: list[RuleInfo]) -> dict[str, RuleStats]:
+def apply_rules(model: ir.Model, rules: list[RuleInfo], progress=None) -> dict[str, RuleStats]:
     """Apply `rules` stage by stage. onnxscript's tracer only observes (it disables rewriting), so each
     stage runs twice: traced on a copy, for tried/refused/partial matches (the traced run still builds
     replacement nodes, which stay attached as users of the matched inputs), then for real."""
@@ -166,7 +166,9 @@ def apply_rules(model: ir.Model, rules: list[RuleInfo]) -> dict[str, RuleStats]:
                 staged.setdefault(info.stage, []).append(variant)
     tracer = StatsTracer(owners)
     matched: collections.Counter = collections.Counter()
-    for stage in sorted(staged):
+    for i, stage in enumerate(sorted(staged)):
+        if progress:
+            progress(i, len(staged), ", ".join(sorted({owners[id(r)].name for r in staged[stage]})))
         rule_set = pattern.RewriteRuleSet(staged[stage])
         rule_set.apply_to_model(ir.serde.deserialize_model(ir.serde.serialize_model(model)), tracer=tracer)
         before = _tagged(model.graph)  # nodes from an earlier optimize carry tags too
@@ -174,6 +176,8 @@ def apply_rules(model: ir.Model, rules: list[RuleInfo]) -> dict[str, RuleStats]:
         after = _tagged(model.graph)
         for name in {owners[id(r)].name for r in staged[stage]}:
             matched[name] = max(0, after[name] - before[name])
+    if progress:
+        progress(len(staged), len(staged), "done")
     stats = tracer.finish()
     for name, st in stats.items():
         st.matched = matched.get(name, 0)

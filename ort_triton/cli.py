@@ -6,6 +6,7 @@ Exit codes: 0 success, 1 a check failed (accuracy FAILED), 2 bad input or usage.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -123,6 +124,19 @@ def rule_table(report, verbose: bool) -> Table:
     return table
 
 
+@contextlib.contextmanager
+def _stage_progress(con: Console):
+    """A progress bar over the rule stages, on a terminal only (logs get the tables, not bars)."""
+    if not sys.stdout.isatty() or con.quiet:
+        yield None
+        return
+    from rich.progress import Progress
+
+    with Progress(console=con, transient=True) as bar:
+        task = bar.add_task("fusing", total=1)
+        yield lambda done, total, what: bar.update(task, completed=done, total=total, description=what[:60])
+
+
 def cmd_optimize(args) -> int:
     import graph_rewrites
 
@@ -136,8 +150,10 @@ def cmd_optimize(args) -> int:
     model = _load_model(src)
     try:
         keep = tuple(args.keep_fp32.split(",")) if args.keep_fp32 else graph_rewrites.FP32_KEEP
-        out, report = graph_rewrites.optimize(model, only=args.only, disable=args.disable, report=True,
-                                              float16=args.float16, keep_io_types=args.keep_io_types, keep_fp32=keep)
+        with _stage_progress(con) as progress:
+            out, report = graph_rewrites.optimize(model, only=args.only, disable=args.disable, report=True,
+                                                  float16=args.float16, keep_io_types=args.keep_io_types,
+                                                  keep_fp32=keep, progress=progress)
     except ValueError as e:
         raise UserError(str(e)) from None
     import onnx
