@@ -272,3 +272,16 @@ def test_old_opset_is_left_alone_with_a_note():
 def test_unknown_rule_name_is_an_error():
     with pytest.raises(ValueError, match="unknown rule 'nope'"):
         graph_rewrites.optimize(_model([], [], [], []), only=["nope"])
+
+
+def test_two_norms_of_one_value_without_beta_get_two_zero_betas():
+    """Found by the property test: both invented betas were named after x, one was dropped and the model
+    referenced a missing initializer."""
+    n1, i1 = _layer_norm("x", "y1", H, beta=False, prefix="p")
+    n2, i2 = _layer_norm("x", "y2", H, beta=False, prefix="q")
+    m = _model(n1 + n2, [_vi("x", [2, H])], [_vi("y1", [2, H]), _vi("y2", [2, H])], i1 + i2)
+    out = graph_rewrites.optimize(m)
+    onnx.checker.check_model(out, full_check=True)
+    zeros = [t.name for t in out.graph.initializer if "__ot_zero_beta" in t.name]
+    assert len(zeros) == 2 and len(set(zeros)) == 2
+    _assert_same(m, out, _feeds("x", shape=(2, H)))
