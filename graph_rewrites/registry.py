@@ -118,12 +118,13 @@ class StatsTracer:
 
     def log(self, rule, container, node, match_result, status) -> None:
         name = self.owners[id(rule)].name
-        seen, key = self._seen[name], _describe(node)
+        # unnamed nodes are told apart by identity (the traced run works on one copy throughout)
+        seen, key = self._seen[name], node.name or f"{_describe(node)}#{id(node)}"
         if status == MatchStatus.SUCCESS:
             seen[key] = "matched"
         elif status in (MatchStatus.CONDITION_FAILED, MatchStatus.REPLACEMENT_FAILED) or _shared(match_result):
             if seen.get(key) != "matched":  # a commuted variant may still match
-                seen[key] = key + "\0" + _reason(match_result)
+                seen[key] = _describe(node) + "\0" + _reason(match_result)
         elif match_result is not None:
             score = len(match_result.nodes)
             if score > self._partial_score.get(name, 0):

@@ -285,3 +285,13 @@ def test_two_norms_of_one_value_without_beta_get_two_zero_betas():
     zeros = [t.name for t in out.graph.initializer if "__ot_zero_beta" in t.name]
     assert len(zeros) == 2 and len(set(zeros)) == 2
     _assert_same(m, out, _feeds("x", shape=(2, H)))
+
+
+def test_unnamed_nodes_are_counted_one_by_one():
+    n1, i1 = _layer_norm("x", "y1", H, prefix="p")
+    n2, i2 = _layer_norm("x", "y2", H, prefix="q")
+    m = _model(n1 + n2, [_vi("x", [2, H])], [_vi("y1", [2, H]), _vi("y2", [2, H])], i1 + i2)
+    for n in m.graph.node:
+        n.name = ""
+    _, rep = graph_rewrites.optimize(m, report=True)
+    assert rep.rules["layer_norm"].tried == rep.rules["layer_norm"].matched == 2
