@@ -131,6 +131,10 @@ def optimize(model, *, only: list[str] | None = None, disable: list[str] | None 
         notes.append(f"model opset {_opset(proto)} < {MIN_OPSET}: nothing fused (the ops' function bodies need "
                      f"CastLike); re-export with opset >= {MIN_OPSET} or convert with onnx.version_converter")
         rules = []
+    elif _opset(proto) > onnx.defs.onnx_opset_version():
+        notes.append(f"model opset {_opset(proto)} is newer than this onnx knows ({onnx.defs.onnx_opset_version()}): "
+                     "nothing fused (the rules cannot know what its ops mean); upgrade onnx and onnxscript")
+        rules = []
     try:  # shapes and types let `check` prove what it needs; a model that defeats inference still rewrites
         proto = onnx.shape_inference.infer_shapes(proto, data_prop=True)
     except Exception:  # noqa: BLE001  (onnx raises several types; the rules then refuse with a reason)

@@ -96,3 +96,11 @@ def test_empty_graph():
     out, rep = graph_rewrites.optimize(m, report=True)
     assert rep.fused() == 0 and len(out.graph.node) == 0
     onnx.checker.check_model(out)
+
+
+def test_newer_opset_than_onnx_knows_is_left_alone_with_a_note():
+    opset = onnx.defs.onnx_opset_version() + 1
+    m = _model(helper.make_graph([_ln("x", "y")], "g", [_vi("x")], [_vi("y")], _weights()), opset=opset)
+    out, rep = graph_rewrites.optimize(m, report=True)
+    assert rep.fused() == 0 and f"opset {opset} is newer" in rep.notes[0]
+    assert graph_rewrites.op_counts(out) == {"LayerNormalization": 1}
