@@ -123,7 +123,7 @@ def optimize(model, *, only: list[str] | None = None, disable: list[str] | None 
     """Fuse what the rules find, then (float16=True) convert to fp16 (see to_float16). Returns a model
     of the input's type (a path gives an onnx.ModelProto); with report=True, (model, Report). The input
     is never modified. progress(done, total, what) is called between rule stages."""
-    rules = select(only, disable)
+    selected = rules = select(only, disable)
     proto = _load(model)
     before = op_counts(proto)
     notes = []
@@ -140,7 +140,7 @@ def optimize(model, *, only: list[str] | None = None, disable: list[str] | None 
     except Exception:  # noqa: BLE001  (onnx raises several types; the rules then refuse with a reason)
         pass
     ir_model = ir.serde.deserialize_model(proto)
-    stats = {r.name: RuleStats(r.name, r.identity) for r in select(only, disable)}
+    stats = {r.name: RuleStats(r.name, r.identity) for r in selected}
     stats.update(apply_rules(ir_model, rules, progress))
     out = ir.serde.serialize_model(ir_model)
     _finish(out)

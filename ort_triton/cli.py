@@ -35,7 +35,8 @@ def _external_files(model) -> set[str]:
 
 
 def _load_model(path: pathlib.Path):
-    """The model with its external data (checked first, so a missing file is named, not a traceback)."""
+    """(model with its external data loaded, whether it had any). The external files are checked first,
+    so a missing one is named, not a traceback."""
     import onnx
     from onnx.external_data_helper import load_external_data_for_model
 
@@ -49,8 +50,9 @@ def _load_model(path: pathlib.Path):
     if missing:
         raise UserError(f"{path}: its external data file(s) {', '.join(missing)} are missing; they must sit next "
                         f"to the model, in {path.parent}")
+    external = bool(_external_files(model))
     load_external_data_for_model(model, str(path.parent))
-    return model
+    return model, external
 
 
 _PROTO_LIMIT = 2**31 - 2**26  # protobuf's 2 GiB, less headroom for the graph itself
@@ -147,7 +149,7 @@ def cmd_optimize(args) -> int:
     known = graph_rewrites.registry.BY_NAME
     if args.explain and args.explain not in known:
         raise UserError(f"--explain: unknown rule {args.explain!r}; rules: {', '.join(known)}")
-    model = _load_model(src)
+    model, external = _load_model(src)
     try:
         keep = tuple(args.keep_fp32.split(",")) if args.keep_fp32 else graph_rewrites.FP32_KEEP
         with _stage_progress(con) as progress:
@@ -156,10 +158,7 @@ def cmd_optimize(args) -> int:
                                                   keep_fp32=keep, progress=progress)
     except ValueError as e:
         raise UserError(str(e)) from None
-    import onnx
-
-    external = bool(_external_files(onnx.load(str(src), load_external_data=False)))  # as the input was
-    save_atomic(out, dst, external=external)
+    save_atomic(out, dst, external=external)  # external data out where it came in
     con.print(op_table(report.ops_before, report.ops_after,
                        f"{src.name} -> {dst.name}  ({src.stat().st_size / 1e6:.1f} MB -> "
                        f"{dst.stat().st_size / 1e6:.1f} MB)"))
@@ -209,7 +208,7 @@ def cmd_compare(args) -> int:
 
     con = _console(args)
     feeds, batch, seq = _parse_inputs(args.inputs)
-    a, b = _load_model(pathlib.Path(args.reference)), _load_model(pathlib.Path(args.candidate))
+    (a, _), (b, _) = _load_model(pathlib.Path(args.reference)), _load_model(pathlib.Path(args.candidate))
     try:
         diffs, used = compare_models(a, b, device=args.device, batch=batch, seq=seq, rtol=args.rtol, atol=args.atol,
                                      feeds=feeds)

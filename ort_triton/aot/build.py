@@ -72,7 +72,7 @@ def build_library(archs=DEFAULT_ARCHS, out_dir=None, *, cache_dir=None, jobs: in
     import triton
 
     log = log or (lambda msg: None)
-    archs = parse_archs(",".join(map(str, archs))) if not isinstance(archs, str) else parse_archs(archs)
+    archs = parse_archs(archs if isinstance(archs, str) else ",".join(map(str, archs)))  # validated once, here
     cache = pathlib.Path(cache_dir) if cache_dir else default_cache_dir()
     out = pathlib.Path(out_dir) if out_dir else default_library_dir()
     include = find_ort_include(ort_include, cache)
