@@ -1,24 +1,48 @@
 #!/usr/bin/env bash
 # The whole GPU check in one device call: build the library for sm_90, run the GPU tests (and the kernel
-# tests, natively on CUDA), then the attention and LayerNorm benchmarks. Results under $OUT.
+# tests, natively on CUDA), then the attention and LayerNorm benchmarks. Results in $OUT/gpu_check.tgz.
 #
 #   ../shared/device/ort-gpu-bundle                 # once, here: writes .ortgpu/
 #   mkdir -p .ortinc && cp "$ORT_INCLUDE_DIR"/*.h .ortinc/   # or: ./dev build (fetches into .cache)
 #   device run, carry [".ortgpu", ".ortinc"]:  source .ortgpu/activate.sh && bash scripts/gpu_check.sh
+# Environment: PYTEST_PATHS (default tests/gpu tests/ops), PYTEST_ARGS (more pytest arguments), BENCH_ARGS
+# (for the LayerNorm benchmark), LN_CANDIDATES (below), SWEEPS=1 (also the launch-config sweeps behind
+# ops/layer_norm.py and ops/attention.py), BENCH=0 (skip the benchmarks).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/ort_triton_out}
 mkdir -p "$OUT" build
+# The device tool brings back at most 8 files: everything is written to RES and packed into one archive.
+RES=$(mktemp -d)
+trap 'tar czf "$OUT/gpu_check.tgz" -C "$RES" .' EXIT
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export ORT_TRITON_CACHE=/tmp/ort_triton_cache ORT_INCLUDE_DIR=${ORT_INCLUDE_DIR:-$PWD/.ortinc}
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
-python3 -m ort_triton build --arch 90 -o build/lib 2>&1 | tail -3 | tee "$OUT/build.log" || exit 1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$RES/gpu.txt"
+python3 -m ort_triton build --arch 90 -o build/lib 2>&1 | tail -3 | tee "$RES/build.log" || exit 1
 export ORT_TRITON_LIBRARY=$PWD/build/lib/libort_triton.so
-python3 -m ort_triton doctor 2>&1 | tee "$OUT/doctor.txt"
-python3 -m pytest -q -p no:cacheprovider -W ignore --tb=short tests/gpu tests/ops ${PYTEST_ARGS:-} \
-  > "$OUT/gpu_tests.log" 2>&1
-grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -15
-grep -m1 -B2 -A30 "^_____" "$OUT/gpu_tests.log"   # the first failure, whole
-python3 -m ort_triton.bench.attention --json "$OUT/attention_bench.json" 2>&1 | tee "$OUT/attention_bench.txt"
-python3 -m ort_triton.bench.layer_norm --library "$ORT_TRITON_LIBRARY" --json "$OUT/layer_norm_bench.json" \
-  ${BENCH_ARGS:-} 2>&1 | tee "$OUT/layer_norm_bench.txt"
+python3 -m ort_triton doctor 2>&1 | tee "$RES/doctor.txt"
+python3 -m pytest -q -p no:cacheprovider -W ignore --tb=short ${PYTEST_PATHS:-tests/gpu tests/ops} ${PYTEST_ARGS:-} \
+  > "$RES/gpu_tests.log" 2>&1
+grep -E "^(FAILED|ERROR)|passed|failed" "$RES/gpu_tests.log" | tail -15
+grep -m1 -B2 -A30 "^_____" "$RES/gpu_tests.log"   # the first failure, whole
+if [ "${SWEEPS:-0}" = 1 ]; then
+  python3 -m ort_triton.bench.layer_norm_sweep --rows 65536,4096 --hidden ${SWEEP_HIDDEN:-4096,8192} \
+    --modes residual,residual+sum --json "$RES/layer_norm_sweep.json" 2>&1 | tee "$RES/layer_norm_sweep.txt"
+  for shape in 8x512 8x2048; do
+    python3 -m ort_triton.bench.attention_sweep --shape $shape --head-dims ${SWEEP_HEAD_DIMS:-64} \
+      --json "$RES/attention_sweep_$shape.json" 2>&1 | grep -v skipped | tee "$RES/attention_sweep_$shape.txt"
+  done
+fi
+[ "${BENCH:-1}" = 1 ] || exit 0
+python3 -m ort_triton.bench.attention --json "$RES/attention_bench.json" 2>&1 | tee "$RES/attention_bench.txt"
+# LN_CANDIDATES="a={json};b={json}": one more library per candidate launch table (ops/layer_norm.py,
+# ORT_TRITON_LAYER_NORM_LAUNCH), timed beside the default in the same chains.
+libs=(--library "$ORT_TRITON_LIBRARY")
+IFS=';' read -ra cands <<< "${LN_CANDIDATES:-}"
+for cand in "${cands[@]}"; do
+  name=${cand%%=*}
+  ORT_TRITON_LAYER_NORM_LAUNCH=${cand#*=} python3 -m ort_triton build --arch 90 -o "build/ln_$name" -q || exit 1
+  libs+=(--library "$name=$PWD/build/ln_$name/libort_triton.so")
+done
+python3 -m ort_triton.bench.layer_norm "${libs[@]}" --json "$RES/layer_norm_bench.json" \
+  ${BENCH_ARGS:-} 2>&1 | grep -v CleanUnusedInitializers | tee "$RES/layer_norm_bench.txt"

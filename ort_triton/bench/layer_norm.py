@@ -2,6 +2,7 @@
 SkipLayerNormalization kernels, same process, same inputs.
 
     python -m ort_triton.bench.layer_norm --library build/lib/libort_triton.so --json OUT.json
+    ... --library build/lib/libort_triton.so --library alt=build/alt/libort_triton.so   # candidates side by side
 
 Each model is a chain of K identical nodes (y <- op(y[, r])), run on the CUDA EP with IO binding and
 ORT's CUDA graph, so the per-node time is the kernel's, not ORT's host overhead; timed with CUDA events,
@@ -9,7 +10,8 @@ median of all replays over interleaved rounds (every variant of a shape in each 
 Bytes per node: LayerNorm reads X and writes Y (2 tensors),
 with a residual it also reads the skip (3), and writes the sum when asked (4); gamma/beta are noise.
 The ceiling is the measured device-to-device copy bandwidth (FACTS.md: 4.08 TB/s, read + write).
-The Triton kernel alone (triton.testing.do_bench, no ORT) is reported beside it.
+The Triton kernel alone (no ORT; its launches in a CUDA graph, triton.testing.do_bench_cudagraph) is
+reported beside it.
 """
 
 from __future__ import annotations
@@ -121,10 +123,12 @@ def triton_only(rows: int, hidden: int, variant: str, type_name: str) -> float:
     dt = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float": torch.float32}[type_name]
     x = torch.randn(rows, hidden, device="cuda", dtype=dt)
     r = torch.randn_like(x)
-    g, b = torch.ones(hidden, device="cuda", dtype=dt), torch.zeros(hidden, device="cuda", dtype=dt)
+    g, b, c = (torch.randn(hidden, device="cuda", dtype=dt) for _ in range(3))
     _op, _d, _moved, residual = VARIANTS[variant]
-    fn = lambda: layer_norm(x, g, b, r if residual else None, store_sum=variant.endswith("+sum"))
-    return triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
+    fn = lambda: layer_norm(x, g, b, r if residual else None, store_sum=variant.endswith("+sum"),
+                            bias=c if residual else None)
+    fn()  # compile outside the graph capture
+    return triton.testing.do_bench_cudagraph(fn, rep=300, return_mode="median")
 
 
 PAIRS = (("LayerNorm", "ort_triton_LayerNorm", "ort_LayerNormalization"),
@@ -141,9 +145,11 @@ def summary(report: dict) -> str:
              "| type | rows x H | op | ort_triton us | ORT us (its kernel) | speedup | ort_triton % of ceiling |",
              "|---|---|---|---|---|---|---|"]
     for (t, rows, h, variant), ours in by.items():
+        base, _, lib = variant.partition("@")  # "@name": a further --library, a candidate configuration
         for label, mine, theirs in PAIRS:
-            if variant == mine:
+            if base == mine:
                 ref = by[(t, rows, h, theirs)]
+                label = f"{label} @{lib}" if lib else label
                 lines.append(f"| {t} | {rows} x {h} | {label} | {ours['us_per_node']:.2f} | {ref['us_per_node']:.2f} "
                              f"({theirs.removeprefix('ort_')}) | {ref['us_per_node'] / ours['us_per_node']:.3f}x | "
                              f"{100 * ours['ceiling_frac']:.1f}% |")
@@ -157,7 +163,8 @@ def main(argv=None) -> None:
 
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--library", help="libort_triton.so to benchmark")
+    p.add_argument("--library", action="append", default=[],
+                   help="libort_triton.so to benchmark; again as NAME=PATH for more builds (rows VARIANT@NAME)")
     p.add_argument("--json", required=True, help="where to write the rows (with --summarize: the rows to read)")
     p.add_argument("--summarize", action="store_true", help="print the markdown table of an earlier --json")
     p.add_argument("--rows", default="4096,65536")
@@ -174,6 +181,7 @@ def main(argv=None) -> None:
         p.error("--library is required to run the benchmark")
     import triton
 
+    libraries = [tuple(spec.split("=", 1)) if "=" in spec else ("", spec) for spec in args.library]
     src = torch.randn(2**29, device="cuda", dtype=torch.float16)  # 1 GiB, far past the 60 MB L2
     copy_ms = triton.testing.do_bench(functools.partial(torch.empty_like(src).copy_, src), warmup=50, rep=400,
                                       return_mode="median")
@@ -195,17 +203,20 @@ def main(argv=None) -> None:
                 runners = {}
                 for variant, (_op, domain, _moved, residual) in VARIANTS.items():
                     feeds = {"x": x, **({"r": r} if residual else {})}
-                    runners[variant] = make_runner(chain_model(variant, hidden, type_name), feeds,
-                                                   args.library if domain == DOMAIN else None)
+                    for label, lib in libraries if domain == DOMAIN else [("", None)]:
+                        runners[f"{variant}@{label}" if label else variant] = make_runner(
+                            chain_model(variant, hidden, type_name), feeds, lib)
                 samples = {v: [] for v in runners}
                 for _ in range(args.rounds):
                     for variant, run in runners.items():
                         samples[variant] += [run() for _ in range(args.reps)]
-                for variant, (_op, domain, moved, _res) in VARIANTS.items():
+                for variant in runners:
+                    _op, domain, moved, _res = VARIANTS[variant.partition("@")[0]]
                     ms = statistics.median(samples[variant]) / K
                     nbytes = moved * rows * hidden * x.element_size()
                     gbs = nbytes / (ms * 1e-3) / 1e9
-                    t_only = triton_only(rows, hidden, variant, type_name) if domain == DOMAIN else None
+                    t_only = (triton_only(rows, hidden, variant, type_name)
+                              if domain == DOMAIN and "@" not in variant else None)
                     row = dict(type=type_name, rows=rows, hidden=hidden, variant=variant, us_per_node=ms * 1e3,
                                bytes=nbytes, gbs=gbs, ceiling_frac=gbs / CEILING_GBS,
                                triton_only_us=t_only * 1e3 if t_only else None)

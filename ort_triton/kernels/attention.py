@@ -24,7 +24,8 @@ Rows with no key left, and why nothing turns into NaN:
 - key_bias = -inf drops a key exactly; on every key of a row (sdpa's boolean mask), l = 0 and y = 0, as
   in the contract. Blocks where a row has seen only -inf so far (m = -inf) subtract 0 instead of m, so
   p = 2^-inf = 0 and alpha = 0 rather than -inf - -inf = NaN.
-- keys past Skv in the last block load key_bias = -inf: they drop out the same way.
+- keys past Skv in the last, partial block (the only one that loads masked) load key_bias = -inf: they
+  drop out the same way.
 - Skv = 0: no key block runs, l = 0 and y = 0, what the body's empty MatMul gives.
 - query rows past Sq and head-dim lanes past HEAD_DIM load 0 and are never stored.
 
@@ -40,6 +41,38 @@ from ..ops.attention import HEAD_DIMS, block_config
 
 _LOG2E = tl.constexpr(1.4426950408889634)
 _BIAS_FLOOR = tl.constexpr(-1e38)  # key_bias saturates here (module docstring)
+
+
+@triton.jit
+def _attend(q, k_ptrs, v_ptrs, kb_ptrs, start, SKV, offs_n, d_ok, m_i, l_i, acc, qk_scale,
+            V_TY: tl.constexpr, MASK_KEYS: tl.constexpr, MASK_D: tl.constexpr, prec: tl.constexpr):
+    """One block of BLOCK_N keys into the running (m, l, acc). The loads are masked only where they need
+    to be (the last, partial key block; head-dim lanes past HEAD_DIM): a full block loads unmasked, which
+    is what lets the loop pipeline at full width."""
+    if MASK_KEYS:
+        key_ok = start + offs_n < SKV
+        kv_mask = key_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
+        v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+        kb = tl.load(kb_ptrs, mask=key_ok, other=float("-inf")).to(tl.float32)
+    else:
+        if MASK_D:
+            k = tl.load(k_ptrs, mask=d_ok[None, :], other=0.0)
+            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        kb = tl.load(kb_ptrs).to(tl.float32)
+    # per key, not per score: saturate finite biases so that finfo.min stays finite once scaled
+    kb = tl.where(kb == float("-inf"), kb, tl.maximum(kb, _BIAS_FLOOR)) * _LOG2E
+    s = tl.dot(q, tl.trans(k), input_precision=prec) * qk_scale + kb[None, :]
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # only -inf seen yet: p = 0, not NaN
+    p = tl.math.exp2(s - m_sub[:, None])
+    alpha = tl.math.exp2(m_i - m_sub)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(V_TY), v, acc * alpha[:, None], input_precision=prec)
+    return m_new, l_i, acc
 
 
 @triton.jit
@@ -59,6 +92,7 @@ def attention_fwd(
     hidden = N * tl.full([], HEAD_DIM, tl.int64)
     # fp32 dots in 3xTF32; for fp16/bf16 the precision argument is moot
     prec: tl.constexpr = "tf32x3" if Q.dtype.element_ty == tl.float32 else "tf32"
+    MASK_D: tl.constexpr = BLOCK_D != HEAD_DIM
 
     offs_m = m_blk * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -76,25 +110,16 @@ def attention_fwd(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for start in range(0, SKV, BLOCK_N):
-        key_ok = start + offs_n < SKV
-        kv_mask = key_ok[:, None] & d_ok[None, :]
-        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
-        v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
-        kb = tl.load(kb_ptrs, mask=key_ok, other=float("-inf")).to(tl.float32)
-        # per key, not per score: saturate finite biases so that finfo.min stays finite once scaled
-        kb = tl.where(kb == float("-inf"), kb, tl.maximum(kb, _BIAS_FLOOR)) * _LOG2E
-        s = tl.dot(q, tl.trans(k), input_precision=prec) * qk_scale + kb[None, :]
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # only -inf seen yet: p = 0, not NaN
-        p = tl.math.exp2(s - m_sub[:, None])
-        alpha = tl.math.exp2(m_i - m_sub)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(V.dtype.element_ty), v, acc * alpha[:, None], input_precision=prec)
-        m_i = m_new
+    full_end = (SKV // BLOCK_N) * BLOCK_N
+    for start in range(0, full_end, BLOCK_N):  # whole key blocks
+        m_i, l_i, acc = _attend(q, k_ptrs, v_ptrs, kb_ptrs, start, SKV, offs_n, d_ok, m_i, l_i, acc, qk_scale,
+                                V.dtype.element_ty, False, MASK_D, prec)
         k_ptrs += BLOCK_N * hidden
         v_ptrs += BLOCK_N * hidden
         kb_ptrs += BLOCK_N
+    if full_end < SKV:  # the partial last block
+        m_i, l_i, acc = _attend(q, k_ptrs, v_ptrs, kb_ptrs, full_end, SKV, offs_n, d_ok, m_i, l_i, acc, qk_scale,
+                                V.dtype.element_ty, True, MASK_D, prec)
 
     l_i = tl.where(l_i == 0.0, 1.0, l_i)  # every key -inf, or SKV == 0: acc is 0 and so is y
     tl.store(Y + q_offs, (acc / l_i[:, None]).to(Y.dtype.element_ty), mask=q_mask)

@@ -24,8 +24,10 @@ def layer_norm_fwd(
     offs = rows.to(tl.int64)[:, None] * H + cols[None, :]  # int64: rows * H can pass 2^31
     x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_RES:  # sum = (X + bias) + skip: the order the exported graph adds them in
-        x += tl.load(C + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        x += tl.load(R + offs, mask=mask, other=0.0).to(tl.float32)
+        # Both row streams are loaded before the bias: loaded after it, ptxas ran out of registers for
+        # the skip at H=8192 and issued its loads a few at a time (0.93x ORT; the SASS showed it).
+        r = tl.load(R + offs, mask=mask, other=0.0).to(tl.float32)
+        x = (x + tl.load(C + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]) + r
         if STORE_SUM:
             tl.store(S + offs, x.to(S.dtype.element_ty), mask=mask)
     # div_rn: `/` is the approximate fp32 division, which turns a constant row's mean into mean + 1 ulp

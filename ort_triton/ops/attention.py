@@ -98,7 +98,7 @@ KERNEL = Kernel(
 # registers and spill, 8 do not. fp32 dots run as 3xTF32, which holds each operand twice: 32x32 tiles.
 _CONFIGS = {
     ("half", 32): (128, 64, 4, 2),
-    ("half", 64): (128, 64, 8, 2),
+    ("half", 64): (128, 64, 4, 3),
     ("half", 128): (128, 32, 8, 2),
     ("float", 32): (32, 32, 4, 2),
     ("float", 64): (32, 32, 4, 2),

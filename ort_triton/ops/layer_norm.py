@@ -14,6 +14,9 @@ flight, and rows whose start is 16-byte aligned (H % 16 == 0) get a specialisati
 
 from __future__ import annotations
 
+import json
+import os
+
 import numpy as np
 import onnx
 from onnx import helper
@@ -47,15 +50,37 @@ _LAUNCH = {  # block: (plain, residual, residual+sum)
     256: ((8, 2), (8, 4), (8, 4)),
     1024: ((2, 2), (2, 4), (1, 4)),
     2048: ((1, 2), (1, 4), (1, 4)),
-    4096: ((2, 4), (2, 16), (1, 8)),
-    8192: ((1, 4), (1, 4), (1, 16)),
+    4096: ((2, 4), (2, 16), (2, 16)),
+    8192: ((1, 4), (4, 16), (1, 4)),
     16384: ((1, 8), (1, 16), (1, 16)),
 }
 
 
+LAUNCH_ENV = "ORT_TRITON_LAYER_NORM_LAUNCH"
+
+
+def _launch_table() -> dict:
+    """_LAUNCH, with entries replaced from $ORT_TRITON_LAYER_NORM_LAUNCH when set: JSON such as
+    {"8192": {"residual": [4, 16]}}. A tuning hook: the benchmark builds one library per candidate table
+    and times them side by side (scripts/gpu_check.sh, LN_CANDIDATES)."""
+    text = os.environ.get(LAUNCH_ENV)
+    if not text:
+        return _LAUNCH
+    modes = ("plain", "residual", "residual+sum")
+    table = {k: list(v) for k, v in _LAUNCH.items()}
+    try:
+        for block, entries in json.loads(text).items():
+            for mode, (rows, warps) in entries.items():
+                table[int(block)][modes.index(mode)] = (int(rows), int(warps))
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{LAUNCH_ENV}={text!r}: expected JSON like "
+                         f'{{"8192": {{"residual": [4, 16]}}}} with blocks {BLOCKS} and modes {modes} ({e})') from e
+    return table
+
+
 def launch_config(block_h: int, has_res: bool = False, store_sum: bool = False) -> tuple[int, int]:
     """(ROWS, num_warps) for a block width and mode."""
-    return _LAUNCH[block_h][(1 + int(store_sum)) if has_res else 0]
+    return tuple(_launch_table()[block_h][(1 + int(store_sum)) if has_res else 0])
 
 
 def _specs(has_res: bool) -> list[Spec]:
