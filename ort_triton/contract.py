@@ -68,6 +68,12 @@ class Spec:
     consts: tuple[int, ...]
     num_stages: int = 1
     divisible_by_16: tuple[str, ...] = ()  # int/pointer arguments promised to be multiples of 16
+    # (num_warps, num_stages) for GPUs before sm_90, where a tile tuned for Hopper's wgmma can spill
+    pre_hopper: tuple[int, int] | None = None
+
+    def launch(self, arch: int) -> tuple[int, int]:
+        """(num_warps, num_stages) this spec compiles with for `arch`."""
+        return self.pre_hopper if self.pre_hopper and arch < 90 else (self.num_warps, self.num_stages)
 
 
 @dataclasses.dataclass(frozen=True)

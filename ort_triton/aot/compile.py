@@ -41,8 +41,7 @@ class Job:
             "sig": self.signature(),
             "constexprs": self.spec.constexprs,
             "div16": self.spec.divisible_by_16,
-            "warps": self.spec.num_warps,
-            "stages": self.spec.num_stages,
+            "launch": self.spec.launch(self.arch),
             "triton": triton.__version__,
             "arch": self.arch,
         }, sort_keys=True)
@@ -71,8 +70,8 @@ def compile_job(job: Job, cache_dir: pathlib.Path) -> Compiled:
     fn = job.op.kernel.fn
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in job.spec.divisible_by_16}
     src = ASTSource(fn, job.signature(), constexprs=dict(job.spec.constexprs), attrs=attrs)
-    k = triton.compile(src, target=GPUTarget("cuda", job.arch, 32),
-                       options={"num_warps": job.spec.num_warps, "num_stages": job.spec.num_stages})
+    warps, stages = job.spec.launch(job.arch)
+    k = triton.compile(src, target=GPUTarget("cuda", job.arch, 32), options={"num_warps": warps, "num_stages": stages})
     md = k.metadata
     # The native launcher passes NULL for Triton's global/profile scratch: refuse kernels that need them
     # rather than ship one that would scribble over address 0.

@@ -255,7 +255,10 @@ class OrtTriton(OrtStock):
 
             before = launch_count()
             runner.run()  # the first run of a session is never a graph replay, so every launch counts
-            self.info = f"{self.fused}; {launch_count() - before} library kernel launches per run"
+            launches = launch_count() - before
+            self.info = (f"{self.fused}; {launches} library kernel launches in the first run" +
+                         (" (ORT runs the model more than once in it, then captures the graph)" if self.cuda_graph
+                          else ""))
         return runner
 
 

@@ -17,7 +17,7 @@
 
 enum { IN_Q, IN_K, IN_V, IN_KEY_BIAS, N_INPUTS };
 enum { ATTR_NUM_HEADS, ATTR_SCALE };
-enum { KEY_HEAD_DIM, N_KEYS };                       /* dispatch keys, in contract order */
+enum { KEY_HEAD_DIM, KEY_SEQ_DIV16, N_KEYS };        /* dispatch keys, in contract order */
 enum { CONST_BLOCK_M, CONST_BLOCK_N, CONST_HEAD_DIM }; /* meaning of ot_spec.consts */
 
 /* Q, K, V: [B, S, hidden], no negative dims (ORT never passes those; the test hook can). */
@@ -38,13 +38,19 @@ static int check_rank3(const ot_op *op, const ot_desc *in, int index, char *err,
   return 0;
 }
 
-/* "32, 40, 64" from the spec table: the head dims this library holds kernels for. */
+/* "32, 40, 64" from the spec table: the head dims this library holds kernels for (each once, though a head
+ * dim has a spec per sequence alignment). */
 static void supported_head_dims(const ot_op *op, char *buf, size_t len) {
   size_t used = 0;
   buf[0] = '\0';
+  const ot_spec *last = NULL;
   for (int s = 0; s < op->n_specs && used < len; s++) {
     const ot_spec *spec = &op->specs[s];
     if (spec->n_keys != N_KEYS) continue;
+    if (last && last->key_min[KEY_HEAD_DIM] == spec->key_min[KEY_HEAD_DIM] &&
+        last->key_max[KEY_HEAD_DIM] == spec->key_max[KEY_HEAD_DIM])
+      continue;
+    last = spec;
     if (spec->key_min[KEY_HEAD_DIM] == spec->key_max[KEY_HEAD_DIM])
       used += (size_t)snprintf(buf + used, len - used, "%s%lld", used ? ", " : "",
                                (long long)spec->key_min[KEY_HEAD_DIM]);
@@ -99,7 +105,9 @@ int ot_attention_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_ou
     return 1;
   }
   const int64_t head_dim = hidden / heads;
-  const int64_t keys[N_KEYS] = {head_dim};
+  /* Sq and Skv multiples of 16 take the spec that knows it: the key-bias row of a batch starts 16-byte
+   * aligned there, so its loads pipeline with K and V's (ops/attention.py) */
+  const int64_t keys[N_KEYS] = {head_dim, sq % 16 == 0 && skv % 16 == 0};
   const ot_spec *spec = ot_find_spec(op, keys, N_KEYS);
   if (!spec) {
     char dims[256];

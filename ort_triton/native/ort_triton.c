@@ -438,8 +438,9 @@ OT_EXPORT int ort_triton_plan_attrs(const char *op_name, int elem_type, int arch
     prefix_message(op, err, msg, msg_len);
     return ORT_FAIL;
   }
-  snprintf(msg, msg_len, "kernel=%s arch=%d grid=%u,%u,%u block=%u shared=%u", plan.spec->kernel_name, image->arch,
-           plan.grid[0], plan.grid[1], plan.grid[2], 32u * image->num_warps, image->shared_bytes);
+  snprintf(msg, msg_len, "kernel=%s arch=%d grid=%u,%u,%u block=%u shared=%u spec=%d", plan.spec->kernel_name,
+           image->arch, plan.grid[0], plan.grid[1], plan.grid[2], 32u * image->num_warps, image->shared_bytes,
+           (int)(plan.spec - op->specs));
   return 0;
 }
 

@@ -40,18 +40,20 @@ KERNEL = Kernel(
 )
 
 
-# (ROWS, num_warps) per (block width, mode), from a sweep on the H200 (fp16, 65536 rows;
-# bench/results/layer_norm_sweep_h200.json, `python -m ort_triton.bench.layer_norm_sweep`): few warps and
-# 16-64 elements per thread keep more rows in flight than wide programs (H=8192 plain: 1x4 beats 1x16 by
-# 1.37x); the residual modes, with 3-4 streams, prefer more warps. Where the sweep (kernel alone) and the
-# ORT chain benchmark disagreed (8192 residual: 2x16 alone, 1x4 in the chain), the chain decided.
-# 256/2048/16384 are interpolated.
+# (ROWS, num_warps) per (block width, mode), from sweeps on the H200 (fp16): the kernel alone
+# (`python -m ort_triton.bench.layer_norm_sweep`, bench/results/layer_norm_sweep_h200.json), and for
+# 4096/8192 candidate tables built as libraries and timed side by side in ORT chains (LN_CANDIDATES in
+# scripts/gpu_check.sh; bench/results/layer_norm_h200_candidates.json), which decided. Few warps and 16-64
+# elements per thread keep more rows in flight than wide programs (H=8192 plain: 1x4 beats 1x16 by 1.37x).
+# With a residual at H=8192, 1x4 held X, skip and bias at 64 elements a thread each and ptxas issued the
+# skip's loads a few at a time (SASS); 2x8 shares the [H] vectors between two rows: 0.93x -> 1.05-1.09x
+# ORT. 256/2048/16384 are interpolated.
 _LAUNCH = {  # block: (plain, residual, residual+sum)
     256: ((8, 2), (8, 4), (8, 4)),
     1024: ((2, 2), (2, 4), (1, 4)),
     2048: ((1, 2), (1, 4), (1, 4)),
     4096: ((2, 4), (2, 16), (2, 16)),
-    8192: ((1, 4), (4, 16), (1, 4)),
+    8192: ((1, 4), (2, 8), (1, 4)),
     16384: ((1, 8), (1, 16), (1, 16)),
 }
 

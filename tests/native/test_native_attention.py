@@ -46,7 +46,7 @@ def plan(lib, inputs, num_heads=None, scale=0.125, elem_type=FLOAT16, arch=90):
 
 
 def parse(msg):
-    m = re.fullmatch(r"kernel=(\S+) arch=(\d+) grid=(\d+),(\d+),(\d+) block=(\d+) shared=(\d+)", msg)
+    m = re.fullmatch(r"kernel=(\S+) arch=(\d+) grid=(\d+),(\d+),(\d+) block=(\d+) shared=(\d+) spec=\d+", msg)
     assert m, msg
     return [int(v) for v in m.groups()[1:]]
 
@@ -64,7 +64,17 @@ def test_table_holds_one_spec_per_head_dim(lib, elem_type):
     for s in range(lib.ort_triton_num_specs(i)):
         assert lib.ort_triton_spec_info(i, s, msg, len(msg)) == 0
         keys.append(re.match(r"kernel=attention_fwd keys=(\S+)", msg.value.decode()).group(1))
-    assert keys == [f"{d}:{d}" for d in HEAD_DIMS]
+    assert keys == [f"{d}:{d},{aligned}:1" for d in HEAD_DIMS for aligned in (1, 0)]
+
+
+@pytest.mark.parametrize("sq, skv, aligned", [(64, 128, 1), (2048, 2048, 1), (37, 128, 0), (64, 50, 0), (8, 1, 0)])
+def test_plan_takes_the_aligned_spec_only_for_lengths_of_16(lib, sq, skv, aligned):
+    """Sq and Skv multiples of 16 get the spec compiled with that promise (its key-bias loads pipeline);
+    any other length the general one: a promise the shapes break would be a wrong result."""
+    rc, msg = plan(lib, shapes(2, sq, skv, 768), 12)
+    assert rc == 0, msg
+    spec = int(re.search(r"spec=(\d+)", msg).group(1))
+    assert spec == 2 * HEAD_DIMS.index(64) + (0 if aligned else 1)
 
 
 @pytest.mark.parametrize("elem_type", [FLOAT, FLOAT16, BFLOAT16])

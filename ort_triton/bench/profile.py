@@ -1,0 +1,101 @@
+"""Where the GPU time of one inference goes, per runtime: every CUDA kernel of the process traced with
+CUPTI (torch.profiler sees ORT's kernels too: CUPTI is process-wide), grouped into GEMMs (cuBLAS,
+CUTLASS), our Triton kernels, and the rest, summed per inference.
+
+    python -m ort_triton.bench.profile --hf-config bert-base --shapes 8x2048,32x512 \
+        --runtimes ort_triton,ort_optimizer --json OUT.json
+
+This is how a shape that misses its target is explained: the GEMM time against its FLOPs, the attention
+and LayerNorm kernels against theirs, and how much is neither (copies, casts, unfused elementwise ops).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import pathlib
+import tempfile
+
+import onnx
+
+# substring of a kernel name -> group; the first that matches wins
+GROUPS = (
+    ("attention_fwd", "ort_triton attention"), ("layer_norm_fwd", "ort_triton layer norm"),
+    ("bias_gelu", "ort_triton bias+gelu"),
+    ("gemm", "gemm"), ("cutlass", "gemm"), ("xmma", "gemm"), ("cublas", "gemm"), ("nvjet", "gemm"),
+    ("fmha", "ort attention"), ("flash", "ort attention"), ("Attention", "ort attention"),
+    ("attention", "ort attention"),
+    ("LayerNorm", "ort layer norm"), ("layer_norm", "ort layer norm"), ("Gelu", "ort gelu"),
+    ("Transpose", "transpose"), ("Cast", "cast"), ("Memcpy", "copy"), ("copy", "copy"),
+)
+
+
+def group_of(kernel: str) -> str:
+    return next((g for key, g in GROUPS if key in kernel), "other")
+
+
+def profile_runtime(rt, model, shape, inputs, iters: int) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    runner = rt.prepare(model, shape, inputs)
+    try:
+        for _ in range(5):
+            runner.run()
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(iters):
+                runner.run()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+    finally:
+        runner.close()
+    per_kernel = collections.Counter()
+    for ev in prof.events():
+        if ev.device_type.name == "CUDA":  # a kernel or a copy on the GPU; its time range is in us
+            per_kernel[ev.name] += ev.time_range.elapsed_us() / iters  # us per inference
+    groups = collections.Counter()
+    for name, us in per_kernel.items():
+        groups[group_of(name)] += us
+    return dict(total_us=sum(per_kernel.values()), groups=dict(groups.most_common()),
+                top=[dict(kernel=k[:160], us=us) for k, us in per_kernel.most_common(12)], info=rt.info)
+
+
+def main(argv=None) -> None:
+    from .harness import _graph_inputs, _vocab_size, load_model, parse_shapes, random_inputs
+    from .runtimes import RUNTIMES
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--hf-config", default="bert-base")
+    p.add_argument("--shapes", default="8x2048,32x512")
+    p.add_argument("--runtimes", default="ort_triton,ort_optimizer")
+    p.add_argument("--dtype", default="float16")
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--json", required=True)
+    args = p.parse_args(argv)
+    shapes = parse_shapes(args.shapes)
+    out = []
+    with tempfile.TemporaryDirectory(prefix="ort_triton_profile_") as work:
+        model = load_model(None, args.hf_config, args.dtype, "cuda", "dynamo", pathlib.Path(work), shapes)
+        proto = onnx.load(str(model.onnx), load_external_data=False)
+        spec, vocab = _graph_inputs(proto), _vocab_size(proto, model.config)
+        runtimes = [RUNTIMES[n]() for n in args.runtimes.split(",")]
+        for shape in shapes:
+            inputs = random_inputs(spec, *shape, vocab)
+            for rt in runtimes:
+                row = dict(shape=f"{shape[0]}x{shape[1]}", runtime=rt.name,
+                           **profile_runtime(rt, model, shape, inputs, args.iters))
+                out.append(row)
+                parts = ", ".join(f"{g} {us / 1e3:.2f}" for g, us in row["groups"].items())
+                print(f"{row['shape']:7} {rt.name:22} GPU {row['total_us'] / 1e3:7.2f} ms/inference: {parts}",
+                      flush=True)
+                for t in row["top"][:6]:
+                    print(f"          {t['us'] / 1e3:7.3f} ms  {t['kernel'][:110]}")
+    pathlib.Path(args.json).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""No register spills in the attention specs BERT-sized models run (head dim 64), on Ampere and Hopper:
+the Hopper-tuned 4 warps spill on sm_8x, so those archs compile with Spec.pre_hopper (ops/attention.py).
+ptxas' resource report (cuobjdump -res-usage) is read from the cubins; no GPU needed. The compile runs in a
+subprocess: the tests' TRITON_INTERPRET=1 (conftest) would hand the build an interpreted kernel."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("triton")
+
+SCRIPT = r"""
+import json, pathlib, re, subprocess, sys
+import triton
+from ort_triton.aot.compile import Job, compile_job
+from ort_triton.ops import MULTI_HEAD_ATTENTION as OP
+arch, out = int(sys.argv[1]), pathlib.Path(sys.argv[2])
+tool = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+rows = []
+for i, spec in enumerate(OP.specializations("float16")):
+    if spec.constexprs["HEAD_DIM"] != 64:
+        continue
+    c = compile_job(Job(OP, "float16", i, spec, arch), out)
+    usage = subprocess.run([str(tool), "-res-usage", str(c.cubin)], capture_output=True, text=True, check=True).stdout
+    rows.append(dict(spec=i, warps=c.num_warps, want_warps=spec.launch(arch)[0],
+                     stack=int(re.search(r"STACK:(\d+)", usage).group(1)), usage=usage.strip()[-200:]))
+print(json.dumps(rows))
+"""
+
+
+@pytest.mark.parametrize("arch", [80, 90])
+def test_head_dim_64_attention_does_not_spill(arch, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = pathlib.Path(__file__).resolve().parents[2]
+    res = subprocess.run([sys.executable, "-c", SCRIPT, str(arch), str(tmp_path)], capture_output=True, text=True,
+                         env=env, cwd=root)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = json.loads(res.stdout.splitlines()[-1])
+    assert len(rows) == 2  # Sq, Skv multiples of 16, and any length
+    for r in rows:
+        assert r["stack"] == 0, f"spec {r['spec']} on sm_{arch} ({r['warps']} warps) spills: {r['usage']}"
+        assert r["warps"] == r["want_warps"]
