@@ -52,8 +52,10 @@ def op_counts(model: onnx.ModelProto) -> collections.Counter:
                                for g in _graphs(model.graph) for n in g.node)
 
 
-def _load(model) -> onnx.ModelProto:
+def _load(model, inplace: bool = False) -> onnx.ModelProto:
     if isinstance(model, onnx.ModelProto):
+        if inplace:
+            return model
         proto = onnx.ModelProto()
         proto.CopyFrom(model)
         return proto
@@ -62,6 +64,29 @@ def _load(model) -> onnx.ModelProto:
     if isinstance(model, (str, os.PathLike)):
         return onnx.load(os.fspath(model))
     raise TypeError(f"optimize takes an onnx.ModelProto, an onnx_ir.Model or a path, not {type(model).__name__}")
+
+
+_BIG_TENSOR = 1 << 20  # bytes
+
+
+def _infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """onnx shape inference (with data propagation) on the model without its large weights: they carry no
+    shape information beyond their dims, onnx would copy them all into its C++ side and back, and past
+    protobuf's 2 GiB it cannot serialise the model at all. The weights are moved out of `proto` and into
+    the inferred model, so they exist once."""
+    big = {t.name: t for t in proto.graph.initializer if len(t.raw_data) > _BIG_TENSOR}
+    data = {}
+    for name, t in big.items():
+        data[name] = t.raw_data
+        t.ClearField("raw_data")
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto, data_prop=True)
+    except Exception:  # noqa: BLE001  (onnx raises several types; the rules then refuse with a reason)
+        inferred = proto
+    target = {t.name: t for t in inferred.graph.initializer if t.name in data}
+    for name in list(data):
+        target[name].raw_data = data.pop(name)
+    return inferred
 
 
 def _opset(proto: onnx.ModelProto) -> int:
@@ -119,12 +144,14 @@ def to_float16(proto: onnx.ModelProto, *, keep_io_types: bool = False,
 
 def optimize(model, *, only: list[str] | None = None, disable: list[str] | None = None, report: bool = False,
              float16: bool = False, keep_io_types: bool = False, keep_fp32: tuple[str, ...] = FP32_KEEP,
-             progress=None):
+             progress=None, inplace: bool = False):
     """Fuse what the rules find, then (float16=True) convert to fp16 (see to_float16). Returns a model
     of the input's type (a path gives an onnx.ModelProto); with report=True, (model, Report). The input
-    is never modified. progress(done, total, what) is called between rule stages."""
+    is never modified, unless inplace=True hands over an onnx.ModelProto to be consumed (its weights move
+    to the result: one copy of them instead of two, for models of several GB). progress(done, total,
+    what) is called between rule stages."""
     selected = rules = select(only, disable)
-    proto = _load(model)
+    proto = _load(model, inplace)
     before = op_counts(proto)
     notes = []
     if _opset(proto) < MIN_OPSET:
@@ -135,11 +162,10 @@ def optimize(model, *, only: list[str] | None = None, disable: list[str] | None 
         notes.append(f"model opset {_opset(proto)} is newer than this onnx knows ({onnx.defs.onnx_opset_version()}): "
                      "nothing fused (the rules cannot know what its ops mean); upgrade onnx and onnxscript")
         rules = []
-    try:  # shapes and types let `check` prove what it needs; a model that defeats inference still rewrites
-        proto = onnx.shape_inference.infer_shapes(proto, data_prop=True)
-    except Exception:  # noqa: BLE001  (onnx raises several types; the rules then refuse with a reason)
-        pass
+    # shapes and types let `check` prove what it needs; a model that defeats inference still rewrites
+    proto = _infer_shapes(proto)
     ir_model = ir.serde.deserialize_model(proto)
+    del proto  # the IR holds its tensors; serialising below copies them, so only one copy stays alive
     stats = {r.name: RuleStats(r.name, r.identity) for r in selected}
     stats.update(apply_rules(ir_model, rules, progress))
     out = ir.serde.serialize_model(ir_model)

@@ -156,8 +156,9 @@ def _tagged(graph: ir.Graph) -> collections.Counter:
 
 def apply_rules(model: ir.Model, rules: list[RuleInfo], progress=None) -> dict[str, RuleStats]:
     """Apply `rules` stage by stage. onnxscript's tracer only observes (it disables rewriting), so each
-    stage runs twice: traced on a copy, for tried/refused/partial matches (the traced run still builds
-    replacement nodes, which stay attached as users of the matched inputs), then for real."""
+    stage runs twice: traced on a clone (new nodes and values, the same tensors: no copy of the weights),
+    for tried/refused/partial matches (the traced run still builds replacement nodes, which stay attached
+    as users of the matched inputs), then for real."""
     owners: dict[int, RuleInfo] = {}
     staged: dict[int, list[pattern.RewriteRule]] = {}
     for info in rules:
@@ -171,7 +172,7 @@ def apply_rules(model: ir.Model, rules: list[RuleInfo], progress=None) -> dict[s
         if progress:
             progress(i, len(staged), ", ".join(sorted({owners[id(r)].name for r in staged[stage]})))
         rule_set = pattern.RewriteRuleSet(staged[stage])
-        rule_set.apply_to_model(ir.serde.deserialize_model(ir.serde.serialize_model(model)), tracer=tracer)
+        rule_set.apply_to_model(model.clone(), tracer=tracer)  # a new graph; the tensors are shared
         before = _tagged(model.graph)  # nodes from an earlier optimize carry tags too
         rule_set.apply_to_model(model)
         after = _tagged(model.graph)

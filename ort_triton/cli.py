@@ -37,8 +37,18 @@ def _external_files(model) -> set[str]:
 def _load_model(path: pathlib.Path):
     """(model with its external data loaded, whether it had any). The external files are checked first,
     so a missing one is named, not a traceback."""
-    import onnx
     from onnx.external_data_helper import load_external_data_for_model
+
+    model = _check_model(path)
+    external = bool(_external_files(model))
+    load_external_data_for_model(model, str(path.parent))
+    return model, external
+
+
+def _check_model(path: pathlib.Path):
+    """The model without its external data, after checking that the file parses and that every external
+    data file it names exists (each a UserError that says so)."""
+    import onnx
 
     if not path.is_file():
         raise UserError(f"{path}: no such file")
@@ -50,9 +60,7 @@ def _load_model(path: pathlib.Path):
     if missing:
         raise UserError(f"{path}: its external data file(s) {', '.join(missing)} are missing; they must sit next "
                         f"to the model, in {path.parent}")
-    external = bool(_external_files(model))
-    load_external_data_for_model(model, str(path.parent))
-    return model, external
+    return model
 
 
 _PROTO_LIMIT = 2**31 - 2**26  # protobuf's 2 GiB, less headroom for the graph itself
@@ -96,6 +104,14 @@ def save_atomic(model, out: pathlib.Path, external: bool = False) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _model_mb(path: pathlib.Path) -> float:
+    """The model's size on disk: the .onnx file and its external data files."""
+    import onnx
+
+    files = _external_files(onnx.load(str(path), load_external_data=False))
+    return sum((path.parent / f).stat().st_size for f in files | {path.name}) / 1e6
 
 
 def _same_file(a: pathlib.Path, b: pathlib.Path) -> bool:
@@ -155,13 +171,13 @@ def cmd_optimize(args) -> int:
         with _stage_progress(con) as progress:
             out, report = graph_rewrites.optimize(model, only=args.only, disable=args.disable, report=True,
                                                   float16=args.float16, keep_io_types=args.keep_io_types,
-                                                  keep_fp32=keep, progress=progress)
+                                                  keep_fp32=keep, progress=progress, inplace=True)
+        del model  # consumed: its weights are in `out` now
     except ValueError as e:
         raise UserError(str(e)) from None
     save_atomic(out, dst, external=external)  # external data out where it came in
     con.print(op_table(report.ops_before, report.ops_after,
-                       f"{src.name} -> {dst.name}  ({src.stat().st_size / 1e6:.1f} MB -> "
-                       f"{dst.stat().st_size / 1e6:.1f} MB)"))
+                       f"{src.name} -> {dst.name}  ({_model_mb(src):.1f} MB -> {_model_mb(dst):.1f} MB)"))
     con.print(rule_table(report, args.verbose))
     if args.explain:
         st = report.rules[args.explain]
@@ -208,7 +224,9 @@ def cmd_compare(args) -> int:
 
     con = _console(args)
     feeds, batch, seq = _parse_inputs(args.inputs)
-    (a, _), (b, _) = _load_model(pathlib.Path(args.reference)), _load_model(pathlib.Path(args.candidate))
+    a, b = pathlib.Path(args.reference), pathlib.Path(args.candidate)
+    for path in (a, b):  # a clear message for a missing or broken file; ORT then reads each path itself
+        _check_model(path)
     try:
         diffs, used = compare_models(a, b, device=args.device, batch=batch, seq=seq, rtol=args.rtol, atol=args.atol,
                                      feeds=feeds)

@@ -8,6 +8,8 @@ max |a - b| <= atol + rtol * max |a| and NaN/Inf stand in the same places.
 from __future__ import annotations
 
 import dataclasses
+import os
+import pathlib
 
 import numpy as np
 
@@ -81,16 +83,20 @@ def compare_models(a, b, *, device: str = "cpu", batch: int = 2, seq: int = 16, 
                    atol: float = 0.0, feeds: dict | None = None, seed: int = 0) -> tuple[list[OutputDiff], dict]:
     """Run model a (the reference) and b on the same inputs: given ones, else random (token ids below
     each table's length, a padded attention mask, normal floats). Returns the per-output diffs and the
-    inputs used. `device` "cuda" runs both on the CUDA EP, b with the ort_triton library."""
+    inputs used. `device` "cuda" runs both on the CUDA EP, b with the ort_triton library. a and b are
+    onnx.ModelProto or paths; ORT reads a path itself, with its external data, at any size."""
+    import onnx
     import onnxruntime as ort
 
     from .runtime import make_session
 
     providers = ["CUDAExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
-    ref = ort.InferenceSession(a.SerializeToString(), providers=providers)
-    cand = make_session(b, providers=providers)
+    path_a = isinstance(a, (str, os.PathLike))
+    ref = ort.InferenceSession(os.fspath(a) if path_a else a.SerializeToString(), providers=providers)
+    cand = make_session(pathlib.Path(b) if isinstance(b, (str, os.PathLike)) else b, providers=providers)
     if feeds is None:
-        feeds = random_inputs(ref, batch, seq, index_ranges(a), seed)
+        graph_a = onnx.load(os.fspath(a), load_external_data=False) if path_a else a  # dims are enough
+        feeds = random_inputs(ref, batch, seq, index_ranges(graph_a), seed)
     names = [o.name for o in ref.get_outputs()]
     if names != [o.name for o in cand.get_outputs()]:
         raise ValueError(f"the models' outputs differ: {names} vs {[o.name for o in cand.get_outputs()]}")
