@@ -25,8 +25,10 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import _ir_utils, pattern
 
+from ort_triton.contract import DOMAIN
 from ort_triton.ops.attention import HEAD_DIMS, MULTI_HEAD_ATTENTION
 
+from .common import check_zero_bias_to_fold, zero_vector
 from .mask import DROPS, KeyPadding, MaskProver
 
 _TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
@@ -168,7 +170,7 @@ class _AttentionRule(pattern.RewriteRuleClassBase):
         return proof
 
     def rewrite(self, op, **_):
-        q, k, v, n, scale, source, fill = self._plan
+        q, k, v, n, hidden, scale, source, fill = self._plan
         dtype = q.dtype.numpy()
         if source is None:  # no mask: a zero bias [B, Skv] (every contract input is required)
             shape = op.Slice(op.Shape(k), op.Constant(value_ints=[0]), op.Constant(value_ints=[2]))
@@ -177,7 +179,10 @@ class _AttentionRule(pattern.RewriteRuleClassBase):
             keep = op.Cast(source, to=ir.DataType.BOOL)
             key_bias = op.Where(keep, op.Constant(value=ir.tensor(np.array(0, dtype))),
                                 op.Constant(value=ir.tensor(np.array(fill, dtype))))
-        return MULTI_HEAD_ATTENTION.node(op, q, k, v, key_bias, num_heads=n, scale=scale)
+        # K's and V's projection biases: zeros here (every contract input is required); attention_bias
+        # folds the model's in
+        biases = [zero_vector(op, x, hidden, "bias") for x in (k, v)]
+        return MULTI_HEAD_ATTENTION.node(op, q, k, v, key_bias, *biases, num_heads=n, scale=scale)
 
     @staticmethod
     def _source(context, proof: KeyPadding) -> ir.Value:
@@ -269,7 +274,7 @@ class DecomposedAttentionRule(_AttentionRule):
                 if not isinstance(fill_value, float):
                     return fill_value
                 source = self._source(context, proof)
-        self._plan = (q, k, v, n, scale, source, fill_value)
+        self._plan = (q, k, v, n, n * d, scale, source, fill_value)
         return result
 
     @staticmethod
@@ -354,7 +359,7 @@ class OnnxAttentionRule(_OnnxAttentionRule):
         checked = self._check_node(result, context, y.producer(), q, k, heads[1])
         if not isinstance(checked, tuple):
             return checked
-        self._plan = (q, k, v, heads[0], *checked)
+        self._plan = (q, k, v, heads[0], heads[0] * heads[1], *checked)
         return result
 
 
@@ -384,5 +389,29 @@ class OnnxAttention3dRule(_OnnxAttentionRule):
         checked = self._check_node(result, context, node, q, k, heads[1])
         if not isinstance(checked, tuple):
             return checked
-        self._plan = (q, k, v, heads[0], *checked)
+        self._plan = (q, k, v, heads[0], heads[0] * heads[1], *checked)
         return result
+
+
+class AttentionBiasRule(pattern.RewriteRuleClassBase):
+    """ot.MultiHeadAttention(q, mk + ck, mv + cv, kb, 0, 0) -> ot.MultiHeadAttention(q, mk, mv, kb, ck, cv):
+    the K and V projections' bias Adds go into the op (each c the [N*D] bias of its MatMul; Q's stays, see
+    ort_triton/ops/attention.py)."""
+
+    def pattern(self, op, q, mk, ck, mv, cv, key_bias, zk, zv):
+        return op.MultiHeadAttention(q, op.Add(mk, ck), op.Add(mv, cv), key_bias, zk, zv,
+                                     _domain=DOMAIN, _allow_other_attributes=True, _outputs=["y"])
+
+    def check(self, context, mk, ck, mv, cv, zk, zv, **_):
+        result = pattern.MatchResult()
+        for zero, bias, x in ((zk, ck, mk), (zv, cv, mv)):
+            result = check_zero_bias_to_fold(result, zero, bias, x)
+            if not result:
+                return result
+        return result
+
+    def rewrite(self, op, q, mk, ck, mv, cv, key_bias, y, **_):
+        node = y.producer()
+        return MULTI_HEAD_ATTENTION.node(op, q, mk, mv, key_bias, ck, cv,
+                                         num_heads=node.attributes.get_int("num_heads", 1),
+                                         scale=node.attributes.get_float("scale", 1.0))

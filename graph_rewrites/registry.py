@@ -65,6 +65,8 @@ RULES: tuple[RuleInfo, ...] = (
              "MultiHeadAttention", 4, lambda: [att.OnnxAttentionRule.rule("attention_onnx")]),
     RuleInfo("attention_onnx_3d", "ONNX Attention(Q, K, V, mask; q_num_heads) on [B, S, hidden] -> "
              "MultiHeadAttention", 4, lambda: [att.OnnxAttention3dRule.rule("attention_onnx_3d")]),
+    RuleInfo("attention_bias", "MultiHeadAttention(q, mk + ck, mv + cv) -> MultiHeadAttention(q, mk, mv, "
+             "biases ck, cv)", 5, lambda: [att.AttentionBiasRule.rule("attention_bias")], commute=True),
 )
 BY_NAME = {r.name: r for r in RULES}
 

@@ -23,7 +23,8 @@ CASES = {  # op -> (inputs, attributes)
     BIAS_GELU: ([X, RNG.normal(size=24)], {}),
     BIAS_GELU_TANH: ([X, RNG.normal(size=24)], {}),
     MULTI_HEAD_ATTENTION: ([X, RNG.normal(size=(2, 7, 24)), RNG.normal(size=(2, 7, 24)),
-                            np.where(RNG.random((2, 7)) < 0.3, np.finfo(np.float32).min, 0.0)],
+                            np.where(RNG.random((2, 7)) < 0.3, np.finfo(np.float32).min, 0.0),
+                            RNG.normal(size=24), RNG.normal(size=24)],
                            {"num_heads": 3, "scale": 0.35}),
 }
 

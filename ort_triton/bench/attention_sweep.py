@@ -36,13 +36,15 @@ def main(argv=None) -> None:
         q, k, v = (torch.randn(b, s, n * d, device="cuda", dtype=torch.float16) for _ in range(3))
         keep = torch.arange(s, device="cuda")[None, :] < torch.randint(s // 2, s + 1, (b, 1), device="cuda")
         kb = torch.where(keep, 0.0, torch.finfo(torch.float16).min).to(torch.float16)
+        bias = torch.randn(n * d, device="cuda", dtype=torch.float16)
         flops = 4 * b * n * s * s * d
         current = block_config(d, "float16")
         results = {}
         for bm, bn, warps, stages in itertools.product((64, 128), (32, 64, 128), (4, 8), (1, 2, 3)):
             cfg = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
             try:
-                fn = functools.partial(attention, q, k, v, kb, n, d**-0.5, config=cfg)
+                fn = functools.partial(attention, q, k, v, kb, n, d**-0.5, k_bias=bias, v_bias=bias,
+                                       config=cfg)
                 fn()  # compile outside the graph capture
                 ms = triton.testing.do_bench_cudagraph(fn, rep=50, return_mode="median")
             except Exception as e:  # noqa: BLE001  (out of shared memory, compile errors: skip and say so)

@@ -14,6 +14,9 @@ l = l * alpha + sum(p), acc = acc * alpha + p @ V. Everything after the two dots
 takes p in the element type (tensor cores), accumulating in fp32. fp32 inputs use 3xTF32 dots, which
 keep fp32 accuracy on tensor cores (plain TF32 would lose 3 digits).
 
+The K and V projections' biases: k_bias is never read, since it adds q . k_bias to every score of a row
+and softmax cancels that; v_bias is added to each output row that saw a key (the weights sum to 1).
+
 Rows with no key left, and why nothing turns into NaN:
 - key_bias = finfo(T).min on every key of a row (eager attention's mask of a fully padded sequence): for
   fp32 and bf16 that is -3.4e38, which times log2(e) would overflow to -inf and change the meaning; so
@@ -77,7 +80,7 @@ def _attend(q, k_ptrs, v_ptrs, kb_ptrs, start, SKV, offs_n, d_ok, m_i, l_i, acc,
 
 @triton.jit
 def attention_fwd(
-    Q, K, V, KB, Y, N, SQ, SKV, scale,
+    Q, K, V, KB, BV, Y, N, SQ, SKV, scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     # One flat grid of cdiv(SQ, BLOCK_M) * B * N programs (no 65535 limit on grid.x), the query block
@@ -101,6 +104,7 @@ def attention_fwd(
     q_offs = (b * SQ + offs_m)[:, None] * hidden + n * HEAD_DIM + offs_d[None, :]
     q_mask = (offs_m < SQ)[:, None] & d_ok[None, :]
     q = tl.load(Q + q_offs, mask=q_mask, other=0.0)
+    head_offs = n * HEAD_DIM + offs_d  # this head's lanes of a [N*D] vector (v_bias)
 
     kv_offs = (b * SKV + offs_n)[:, None] * hidden + n * HEAD_DIM + offs_d[None, :]
     k_ptrs, v_ptrs = K + kv_offs, V + kv_offs
@@ -121,15 +125,19 @@ def attention_fwd(
         m_i, l_i, acc = _attend(q, k_ptrs, v_ptrs, kb_ptrs, full_end, SKV, offs_n, d_ok, m_i, l_i, acc, qk_scale,
                                 V.dtype.element_ty, True, MASK_D, prec)
 
-    l_i = tl.where(l_i == 0.0, 1.0, l_i)  # every key -inf, or SKV == 0: acc is 0 and so is y
-    tl.store(Y + q_offs, (acc / l_i[:, None]).to(Y.dtype.element_ty), mask=q_mask)
+    # every key -inf, or SKV == 0: acc is 0 and so is y, without v_bias (the graph's row is 0 there too)
+    bv = tl.load(BV + head_offs, mask=d_ok, other=0.0).to(tl.float32)
+    y = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None] + tl.where(l_i == 0.0, 0.0, 1.0)[:, None] * bv[None, :]
+    tl.store(Y + q_offs, y.to(Y.dtype.element_ty), mask=q_mask)
 
 
 # ---- a torch entry point: the same kernel through Triton's JIT (tests, interpreter, GPU timing) -------
-def attention(q, k, v, key_bias, num_heads, scale, *, out=None, config: dict | None = None):
-    """Y for q [B, Sq, N*D], k and v [B, Skv, N*D], key_bias [B, Skv] (all one dtype). `out` lets a test
-    hand in a poisoned buffer; `config` overrides block_config's BLOCK_M, BLOCK_N, num_warps, num_stages
-    (tests use small blocks so several key blocks run)."""
+def attention(q, k, v, key_bias, num_heads, scale, *, k_bias=None, v_bias=None, out=None,
+              config: dict | None = None):
+    """Y for q [B, Sq, N*D], k and v [B, Skv, N*D], key_bias [B, Skv], biases [N*D] (zeros if None; all one
+    dtype). k_bias is checked but not read: it cancels in the softmax (ops/attention.py). `out` lets a
+    test hand in a poisoned buffer; `config` overrides block_config's BLOCK_M, BLOCK_N, num_warps,
+    num_stages (tests use small blocks so several key blocks run)."""
     import torch
 
     if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
@@ -148,7 +156,8 @@ def attention(q, k, v, key_bias, num_heads, scale, *, out=None, config: dict | N
         raise ValueError(f"attention: k must be [B={b}, Skv, {hidden}], got {list(k.shape)}")
     skv = k.shape[1]
     for name, t, shape in (("k", k, (b, skv, hidden)), ("v", v, (b, skv, hidden)),
-                           ("key_bias", key_bias, (b, skv)), ("out", out, (b, sq, hidden))):
+                           ("key_bias", key_bias, (b, skv)), ("out", out, (b, sq, hidden)),
+                           ("k_bias", k_bias, (hidden,)), ("v_bias", v_bias, (hidden,))):
         if t is not None and (tuple(t.shape) != shape or t.dtype != q.dtype or t.device != q.device):
             raise ValueError(f"attention: {name} must be {q.dtype} of shape {list(shape)} on {q.device}, got "
                              f"{t.dtype} {list(t.shape)} on {t.device}")
@@ -157,10 +166,11 @@ def attention(q, k, v, key_bias, num_heads, scale, *, out=None, config: dict | N
     cfg = block_config(d, {torch.float32: "float", torch.float16: "float16", torch.bfloat16: "bfloat16"}[q.dtype])
     cfg.update(config or {})
     q, k, v, key_bias = q.contiguous(), k.contiguous(), v.contiguous(), key_bias.contiguous()
+    v_bias = torch.zeros(hidden, dtype=q.dtype, device=q.device) if v_bias is None else v_bias.contiguous()
     y = out if out is not None else torch.empty_like(q)
     grid = (triton.cdiv(sq, cfg["BLOCK_M"]) * b * num_heads,)
     if grid[0]:
-        attention_fwd[grid](q, k, v, key_bias, y, num_heads, sq, skv, float(scale),
+        attention_fwd[grid](q, k, v, key_bias, v_bias, y, num_heads, sq, skv, float(scale),
                             HEAD_DIM=d, BLOCK_D=cfg["BLOCK_D"], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
                             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return y

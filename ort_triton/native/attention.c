@@ -1,7 +1,8 @@
 /* attention.c: planner and kernel parameters for MultiHeadAttention (contract: ort_triton/ops/attention.py;
  * kernel: ort_triton/kernels/attention.py).
  *
- * Inputs:  Q [B, Sq, N*D], K and V [B, Skv, N*D], key_bias [B, Skv]    Output: Y, Q's shape
+ * Inputs:  Q [B, Sq, N*D], K and V [B, Skv, N*D], key_bias [B, Skv], k_bias, v_bias [N*D]
+ * Output:  Y, Q's shape. The kernel reads v_bias; k_bias cancels in the softmax (the contract).
  * Attributes (contract order): num_heads (N), scale.
  * One spec per head dim D (the dispatch key, exact); spec consts = (BLOCK_M, BLOCK_N, HEAD_DIM).
  * Grid: one flat axis of ceil(Sq / BLOCK_M) * B * N programs, the query block fastest (the kernel splits the
@@ -15,7 +16,7 @@
 #include "ot_table.h"
 #include "planner_util.h"
 
-enum { IN_Q, IN_K, IN_V, IN_KEY_BIAS, N_INPUTS };
+enum { IN_Q, IN_K, IN_V, IN_KEY_BIAS, IN_K_BIAS, IN_V_BIAS, N_INPUTS };
 enum { ATTR_NUM_HEADS, ATTR_SCALE };
 enum { KEY_HEAD_DIM, KEY_SEQ_DIV16, N_KEYS };        /* dispatch keys, in contract order */
 enum { CONST_BLOCK_M, CONST_BLOCK_N, CONST_HEAD_DIM }; /* meaning of ot_spec.consts */
@@ -64,7 +65,7 @@ int ot_attention_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_ou
                           ot_plan *plan, char *err, size_t err_len) {
   if (n_inputs != N_INPUTS || n_outputs != 1 || op->n_attrs != 2) {
     snprintf(err, err_len, "the kernel table gives this op %d inputs, %d outputs and %d attributes, the attention "
-                           "planner expects 4, 1 and 2; the library is inconsistent, rebuild it",
+                           "planner expects 6, 1 and 2; the library is inconsistent, rebuild it",
              n_inputs, n_outputs, op->n_attrs);
     return 1;
   }
@@ -91,6 +92,9 @@ int ot_attention_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_ou
              q_name, k_name);
     return 1;
   }
+
+  for (int i = IN_K_BIAS; i <= IN_V_BIAS; i++)
+    if (ot_check_vector(op, in, i, hidden, err, err_len)) return 1;
 
   /* attrs hold an ONNX int64 as a double: integral, and the kernel takes it as int32 */
   const double heads_attr = attrs[ATTR_NUM_HEADS];
@@ -163,7 +167,8 @@ int ot_attention_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_ou
 int ot_attention_params(const ot_op *op, const ot_plan *plan, const ot_desc *in, void *const *ptrs,
                         const double *attrs, void *storage, void **params) {
   (void)plan; /* the spec's constants are compiled into the kernel; only shapes are passed */
-  void *const pointers[5] = {ptrs[IN_Q], ptrs[IN_K], ptrs[IN_V], ptrs[IN_KEY_BIAS], ptrs[op->n_inputs]}; /* Y */
+  void *const pointers[6] = {ptrs[IN_Q], ptrs[IN_K], ptrs[IN_V], ptrs[IN_KEY_BIAS], ptrs[IN_V_BIAS],
+                             ptrs[op->n_inputs]}; /* Y */
   const int32_t heads = (int32_t)attrs[ATTR_NUM_HEADS]; /* the plan checked these fit int32 */
   const int32_t sq = (int32_t)in[IN_Q].dims[1];
   const int32_t skv = (int32_t)in[IN_K].dims[1];
@@ -171,7 +176,7 @@ int ot_attention_params(const ot_op *op, const ot_plan *plan, const ot_desc *in,
 
   uint64_t *slot = storage;
   int n = 0;
-  for (int i = 0; i < 5; i++) ot_put_param(slot, params, n++, &pointers[i], sizeof pointers[i]);
+  for (int i = 0; i < 6; i++) ot_put_param(slot, params, n++, &pointers[i], sizeof pointers[i]);
   ot_put_param(slot, params, n++, &heads, sizeof heads);
   ot_put_param(slot, params, n++, &sq, sizeof sq);
   ot_put_param(slot, params, n++, &skv, sizeof skv);

@@ -1,8 +1,19 @@
 """MultiHeadAttention: softmax(Q K^T * scale + key_bias) V over heads, on the projections' own layout.
 
-    Q [B, Sq, N*D], K and V [B, Skv, N*D]     (the MatMul+bias outputs, before any head reshape)
+    Q [B, Sq, N*D], K and V [B, Skv, N*D]     (the projections' MatMul outputs, before any head reshape)
     key_bias [B, Skv]                          additive, per key: 0 keeps a key, a large negative drops it
-    for each head n:  Y[b, :, n*D:(n+1)*D] = softmax(Q_n K_n^T * scale + key_bias[b]) V_n
+    k_bias, v_bias [N*D]                       the K and V projections' biases (zeros when there are none)
+    K' = K + k_bias, V' = V + v_bias
+    for each head n:  Y[b, :, n*D:(n+1)*D] = softmax(Q_n K'_n^T * scale + key_bias[b]) V'_n
+
+The K and V biases are inputs so that two of the three bias Adds of the projections go away
+(graph_rewrites folds them; the three took 0.71 ms of 11.7 in BERT-base at 8x2048 on the H200), and the
+kernel needs neither as an add over K or V: q . (k + k_bias) = q . k + q . k_bias adds the same number to
+every score of a query row, which softmax cancels exactly, so k_bias drops out; and the weights of a row
+sum to 1, so sum_j p_j (v_j + v_bias) = sum_j p_j v_j + v_bias: v_bias is added once per output row (not
+to a row with no key left, which stays 0). Q's bias stays a graph Add: adding it in the kernel keeps Q
+in registers across the key loop (an operand of the tensor-core dot), and at D=64 with 4 warps ptxas
+then spills on sm_90 (tests/aot/test_register_budget.py).
 
 Taking the projections before the Reshape/Transpose to [B, N, S, D], and the padding mask as one bias
 per key, is what lets the kernel skip both the head transposes and the [B, 1, Sq, Skv] mask that
@@ -27,9 +38,10 @@ from ..contract import IO, Attr, Kernel, OpContract, Spec, attr_ref
 HEAD_DIMS = (32, 40, 64, 80, 96, 128)
 
 
-def reference_attention(q, k, v, key_bias, num_heads, scale):
+def reference_attention(q, k, v, key_bias, k_bias, v_bias, num_heads, scale):
     """float64 numpy reference; inputs in the contract's layout."""
     q, k, v, kb = (np.asarray(a, np.float64) for a in (q, k, v, key_bias))
+    k, v = k + np.asarray(k_bias, np.float64), v + np.asarray(v_bias, np.float64)
     b, sq, hidden = q.shape
     d = hidden // num_heads
     heads = lambda t: t.reshape(t.shape[0], t.shape[1], num_heads, d).transpose(0, 2, 1, 3)
@@ -56,9 +68,10 @@ def _body(_opset: int) -> list[onnx.NodeProto]:
         n("Unsqueeze", ["heads", "ax0"], ["heads1"]),
         n("Concat", ["zero2", "heads1", "minus1"], ["split_shape"], axis=0),       # [0, 0, N, -1]
         n("Concat", ["zero2", "minus1"], ["merge_shape"], axis=0),                  # [0, 0, -1]
+        n("Add", ["K", "k_bias"], ["k_in"]), n("Add", ["V", "v_bias"], ["v_in"]),
         n("Reshape", ["Q", "split_shape"], ["q3"]), n("Transpose", ["q3"], ["q4"], perm=[0, 2, 1, 3]),
-        n("Reshape", ["K", "split_shape"], ["k3"]), n("Transpose", ["k3"], ["k4t"], perm=[0, 2, 3, 1]),
-        n("Reshape", ["V", "split_shape"], ["v3"]), n("Transpose", ["v3"], ["v4"], perm=[0, 2, 1, 3]),
+        n("Reshape", ["k_in", "split_shape"], ["k3"]), n("Transpose", ["k3"], ["k4t"], perm=[0, 2, 3, 1]),
+        n("Reshape", ["v_in", "split_shape"], ["v3"]), n("Transpose", ["v3"], ["v4"], perm=[0, 2, 1, 3]),
         n("CastLike", ["scale_f", "Q"], ["scale_t"]),
         n("MatMul", ["q4", "k4t"], ["qk"]), n("Mul", ["qk", "scale_t"], ["scores"]),
         n("Unsqueeze", ["key_bias", "ax12"], ["bias4"]),                            # [B, 1, 1, Skv]
@@ -82,7 +95,7 @@ def _body(_opset: int) -> list[onnx.NodeProto]:
 KERNEL = Kernel(
     module="ort_triton.kernels.attention",
     fn_name="attention_fwd",
-    signature={"Q": "*{T}", "K": "*{T}", "V": "*{T}", "KB": "*{T}", "Y": "*{T}",
+    signature={"Q": "*{T}", "K": "*{T}", "V": "*{T}", "KB": "*{T}", "BV": "*{T}", "Y": "*{T}",
                "N": "i32", "SQ": "i32", "SKV": "i32", "scale": "fp32"},
     native_plan="ot_attention_plan",
     native_params="ot_attention_params",
@@ -136,16 +149,18 @@ def _specs(type_name: str) -> list[Spec]:
                 # tiles in registers; there the pre-sweep 8 warps, 2 stages
                 pre_hopper=(8, 2) if cfg["num_warps"] == 4 and cfg["BLOCK_D"] == 64 else None,
                 consts=(cfg["BLOCK_M"], cfg["BLOCK_N"], d),
-                divisible_by_16=("Q", "K", "V", "KB", "Y") + (("SQ", "SKV") if aligned else ()),
+                divisible_by_16=("Q", "K", "V", "KB", "BV", "Y") + (("SQ", "SKV") if aligned else ()),
             ))
     return specs
 
 
 MULTI_HEAD_ATTENTION = OpContract(
     name="MultiHeadAttention",
-    doc="Y = concat_n softmax(Q_n K_n^T * scale + key_bias) V_n; Q/K/V [B, S, N*D], key_bias [B, Skv].",
+    doc="Y = concat_n softmax(Q_n K'_n^T * scale + key_bias) V'_n with K' = K + k_bias, V' = V + v_bias; "
+        "Q/K/V [B, S, N*D], key_bias [B, Skv], biases [N*D].",
     inputs=(IO("Q", "[B, Sq, N*D]"), IO("K", "[B, Skv, N*D]"), IO("V", "[B, Skv, N*D]"),
-            IO("key_bias", "[B, Skv], additive per key")),
+            IO("key_bias", "[B, Skv], additive per key"), IO("k_bias", "[N*D], added to K"),
+            IO("v_bias", "[N*D], added to V")),
     outputs=(IO("Y", "[B, Sq, N*D]"),),
     attrs=(Attr("num_heads", "int", 1, "N"), Attr("scale", "float", 1.0, "multiplies Q K^T (1/sqrt(D) usually)")),
     types=("float16", "bfloat16", "float"),

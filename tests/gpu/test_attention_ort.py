@@ -29,8 +29,8 @@ SEQS = {1: 8, 37: 4, 128: 4, 512: 2}  # S -> B
 
 def _model(type_name, b, sq, skv, hidden, num_heads, scale):
     t = TYPES[type_name][0]
-    names = ["q", "k", "v", "key_bias"]
-    shapes = [[b, sq, hidden], [b, skv, hidden], [b, skv, hidden], [b, skv]]
+    names = ["q", "k", "v", "key_bias", "k_bias", "v_bias"]
+    shapes = [[b, sq, hidden], [b, skv, hidden], [b, skv, hidden], [b, skv], [hidden], [hidden]]
     nodes = [helper.make_node("Cast", [n + "32"], [n], to=t) for n in names]
     nodes += [helper.make_node(MULTI_HEAD_ATTENTION.name, names, ["y"], domain=DOMAIN, num_heads=num_heads,
                                scale=scale),
@@ -62,24 +62,26 @@ def _run_and_check(lib, type_name, b, sq, skv, num_heads, d, low, rng):
     _, torch_dtype, tol = TYPES[type_name]
     hidden, scale = num_heads * d, d**-0.5
     q, k, v = (rng.normal(size=(b, s, hidden)).astype(np.float32) for s in (sq, skv, skv))
+    biases = [rng.normal(0, 0.5, hidden).astype(np.float32) for _ in range(2)]  # K's and V's projections'
     kb, lengths = _key_bias(b, skv, type_name, rng, low)
     sess = make_session(_model(type_name, b, sq, skv, hidden, num_heads, scale), providers=["CUDAExecutionProvider"],
                         library=lib)
     before = launch_count(lib)
-    (got,) = sess.run(None, {"q32": q, "k32": k, "v32": v, "key_bias32": kb})
+    feeds = {"q32": q, "k32": k, "v32": v, "key_bias32": kb, "k_bias32": biases[0], "v_bias32": biases[1]}
+    (got,) = sess.run(None, feeds)
     assert launch_count(lib) == before + 1, "the Triton kernel did not run"
-    (want,) = reference_attention(*(_round(a, torch_dtype) for a in (q, k, v, kb)), num_heads, scale)
+    (want,) = reference_attention(*(_round(a, torch_dtype) for a in (q, k, v, kb, *biases)), num_heads, scale)
     assert np.isfinite(got).all()
     err = np.abs(got - want).max() / max(np.abs(want).max(), 1e-6)
     assert err < tol, f"rel err {err:.2e}"
-    return got, want, _round(v, torch_dtype), lengths
+    return got, want, _round(v, torch_dtype) + _round(biases[1], torch_dtype), lengths
 
 
 @pytest.mark.parametrize("type_name", list(TYPES))
 @pytest.mark.parametrize("s", list(SEQS))
 @pytest.mark.parametrize("num_heads, d", HEADS, ids=lambda x: str(x))
 def test_cuda_ep_runs_the_kernel(gpu_library, type_name, s, num_heads, d):
-    """finfo.min padding, the last batch row fully masked: its output is the mean of V's rows (fp32, bf16;
+    """finfo.min padding, the last batch row fully masked: its output is the mean of V + v_bias (fp32, bf16;
     fp16's finfo.min only shifts the scores, and the row equals the reference's plain softmax)."""
     rng = np.random.default_rng(s * 1000 + d)
     low = float(torch.finfo(TYPES[type_name][1]).min)
@@ -99,7 +101,8 @@ def test_queries_and_keys_of_different_lengths(gpu_library, type_name, sq, skv):
 @pytest.mark.parametrize("type_name", list(TYPES))
 @pytest.mark.parametrize("num_heads, d", [(12, 64), (8, 40), (8, 128)], ids=lambda x: str(x))
 def test_minus_inf_masks(gpu_library, type_name, num_heads, d):
-    """sdpa's boolean mask as -inf: masked keys drop out exactly, and a row with no key left is 0."""
+    """sdpa's boolean mask as -inf: masked keys drop out exactly, and a row with no key left is 0 (no
+    v_bias either: the graph's softmax row is NaN -> 0 before the V product)."""
     got, _, _, lengths = _run_and_check(gpu_library, type_name, 4, 77, 77, num_heads, d, float("-inf"),
                                         np.random.default_rng(d))
     assert lengths[-1] == 0 and (got[-1] == 0).all()
@@ -113,7 +116,8 @@ def test_bad_head_dim_is_an_ort_error_and_the_next_run_works(gpu_library):
     m = _model("float", "b", "s", "s", "h", 1, 0.125)
     sess = make_session(m, providers=["CUDAExecutionProvider"], library=gpu_library)
     feeds = lambda h: {"q32": np.ones((2, 3, h), np.float32), "k32": np.ones((2, 3, h), np.float32),
-                       "v32": np.ones((2, 3, h), np.float32), "key_bias32": np.zeros((2, 3), np.float32)}
+                       "v32": np.ones((2, 3, h), np.float32), "key_bias32": np.zeros((2, 3), np.float32),
+                       **{f"{x}_bias32": np.zeros(h, np.float32) for x in "kv"}}
     with pytest.raises(ort.capi.onnxruntime_pybind11_state.InvalidArgument,
                        match=r"ort_triton MultiHeadAttention \(float\): head dim 12 .* is not supported"):
         sess.run(None, feeds(12))

@@ -52,6 +52,8 @@ def test_every_attention_fused_and_outputs_equal(exported, name, impl, exporter,
     if head_dim in HEAD_DIMS:
         assert rule.matched == layers and not rule.refused, rule
         assert after["ai.ort_triton.MultiHeadAttention"] == layers, after
+        # and the projections' bias Adds went into it (BERT's Q, K, V projections all have biases)
+        assert rep.rules["attention_bias"].matched == layers, rep.rules["attention_bias"]
         # the [B, 1, S, S] mask subgraph went with the last layer that read it
         assert after["Softmax"] == after["Attention"] == after["And"] == after["GatherND"] == 0, after
     else:

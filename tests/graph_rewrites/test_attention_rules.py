@@ -207,11 +207,31 @@ def test_key_transpose_forms(k_form):
 
 
 def test_inputs_are_the_projections_before_the_head_split():
+    """Q, K, V are the projections before the head split; K's and V's bias Adds are folded into the op
+    (attention_bias), Q's stays."""
     m = model(lambda g, x, am: attention(g, x, am))
     out, node = fuse(m)
     producers = {o: n for n in out.graph.node for o in n.output}
-    assert [producers[i].op_type for i in node.input[:3]] == ["Add"] * 3
-    assert graph_rewrites.op_counts(out)["Transpose"] == 0
+    assert [producers[i].op_type for i in node.input[:3]] == ["Add", "MatMul", "MatMul"]
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in out.graph.initializer}
+    assert all(np.any(inits[name]) for name in node.input[4:6])  # the models' own biases, not zeros
+    assert graph_rewrites.op_counts(out)["Transpose"] == 0 and graph_rewrites.op_counts(out)["Add"] == 1
+    assert_same(m, out)
+
+
+def test_projection_bias_with_another_reader_is_not_folded():
+    """The K projection's sum is also a graph output: its Add must stay, so attention_bias leaves the op's
+    biases at zero rather than add k_bias twice."""
+    m = model(lambda g, x, am: attention(g, x, am))
+    k_sum = [n for n in m.graph.node if n.op_type == "Add"][1].output[0]  # the second projection, K's
+    m.graph.output.append(helper.make_tensor_value_info(k_sum, TensorProto.FLOAT, ["batch", "seq", H]))
+    out, rep = graph_rewrites.optimize(m, report=True)
+    assert rep.rules["attention"].matched == 1 and rep.rules["attention_bias"].matched == 0
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    new = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = _feeds(m, 3, 6, 0)
+    for a, b in zip(ref.run(None, feeds), new.run(None, feeds)):
+        assert np.abs(a - b).max() / np.abs(a).max() < 1e-5
 
 
 # eager (finite fill: a fully padded row is the mean of V) and sdpa (-inf and the NaN guard: 0) meanings

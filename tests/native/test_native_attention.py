@@ -52,7 +52,7 @@ def parse(msg):
 
 
 def shapes(b, sq, skv, hidden):
-    return [[b, sq, hidden], [b, skv, hidden], [b, skv, hidden], [b, skv]]
+    return [[b, sq, hidden], [b, skv, hidden], [b, skv, hidden], [b, skv], [hidden], [hidden]]
 
 
 @pytest.mark.parametrize("elem_type", [FLOAT, FLOAT16, BFLOAT16])
@@ -155,12 +155,18 @@ def test_no_keys_still_launches(lib):
         ([[2, -1, 768], [2, 6, 768], [2, 6, 768], [2, 6]], 12, FLOAT16, ["input Q has a negative dimension"]),
         (shapes(1, (1 << 31) - 1, 8, 768), 12, FLOAT16, ["sequence length 2147483647 (dim 1 of input Q) is more"]),
         (shapes(1, 8, (1 << 31) - 1, 768), 12, FLOAT16, ["(dim 1 of input K)"]),
+        ([[2, 8, 768], [2, 6, 768], [2, 6, 768], [2, 6], [1, 768], [768]], 12, FLOAT16,
+         ["input k_bias has shape [1,768]; it must be [768]"]),
+        ([[2, 8, 768], [2, 6, 768], [2, 6, 768], [2, 6], [768], [64]], 12, FLOAT16,
+         ["input v_bias has shape [64]; it must be [768]"]),
         (shapes(1 << 16, 1 << 20, 8, 768), 12, FLOAT16,
          ["the launch needs ceil(Sq / 128) * B * num_heads = 8192 * 65536 * 12 programs, more than the 2147483647 "
           "a CUDA grid holds; split the batch"]),
     ],
 )
 def test_plan_errors(lib, inputs, num_heads, elem_type, expected):
+    if len(inputs) == 4:  # the cases about Q, K, V and key_bias: well-formed biases
+        inputs = inputs + [[768]] * 2
     rc, msg = plan(lib, inputs, num_heads, elem_type=elem_type)
     assert rc != 0
     for text in expected:
@@ -168,9 +174,10 @@ def test_plan_errors(lib, inputs, num_heads, elem_type, expected):
 
 
 def test_missing_key_bias_is_refused(lib):
-    n = 4
+    n = 6
     msg = ctypes.create_string_buffer(1024)
-    rc = lib.ort_triton_plan_attrs(OP.encode(), FLOAT16, 90, n, (ctypes.c_int * n)(1, 1, 1, 0),
-                                   (ctypes.c_int * n)(3, 3, 3, 0), (ctypes.c_int64 * 9)(*[2, 8, 768] * 3), 1, 2,
+    rc = lib.ort_triton_plan_attrs(OP.encode(), FLOAT16, 90, n, (ctypes.c_int * n)(1, 1, 1, 0, 1, 1),
+                                   (ctypes.c_int * n)(3, 3, 3, 0, 1, 1),
+                                   (ctypes.c_int64 * 11)(*[2, 8, 768] * 3, 768, 768), 1, 2,
                                    (ctypes.c_double * 2)(12, 0.125), msg, len(msg))
     assert rc != 0 and "required input key_bias is missing" in msg.value.decode()

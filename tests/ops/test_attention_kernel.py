@@ -30,16 +30,18 @@ def _inputs(b, sq, skv, heads, d, dtype, seed):
     return [t.to(dtype).to(DEVICE) for t in (q, k, v)]
 
 
-def _run(q, k, v, kb, heads, scale, config=None):
+def _run(q, k, v, kb, heads, scale, config=None, biases=(None, None)):
     out = torch.full(q.shape, float("nan"), dtype=q.dtype, device=DEVICE)
-    y = attention(q, k, v, kb, heads, scale, out=out, config=config)
+    y = attention(q, k, v, kb, heads, scale, k_bias=biases[0], v_bias=biases[1], out=out, config=config)
     assert y is out
     return y.to(torch.float64).cpu().numpy()
 
 
-def _check(got, q, k, v, kb, heads, scale, dtype):
+def _check(got, q, k, v, kb, heads, scale, dtype, biases=(None, None)):
     f = lambda t: t.to(torch.float64).cpu().numpy()
-    (want,) = reference_attention(f(q), f(k), f(v), f(kb), heads, scale)
+    zero = np.zeros(q.shape[-1])
+    (want,) = reference_attention(f(q), f(k), f(v), f(kb), *(zero if c is None else f(c) for c in biases), heads,
+                                  scale)
     assert np.isfinite(got).all(), "unwritten (NaN) or non-finite elements"
     err = np.abs(got - want).max() / max(np.abs(want).max(), 1e-6)
     assert err < TOL[dtype], f"rel err {err:.2e} > {TOL[dtype]:.0e}"
@@ -98,6 +100,28 @@ def test_padding_masks_and_fully_masked_rows(dtype, masked):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("masked", ["finfo.min", "-inf"])
+def test_projection_biases(dtype, masked):
+    """k_bias and v_bias against the reference, which adds both; the kernel drops k_bias (it cancels in
+    the softmax) and adds v_bias to rows that saw a key. The last batch row is fully masked:
+    with -inf it stays 0 (no v_bias), with finfo.min it is the mean of V + v_bias."""
+    b, sq, skv, heads, d = 3, 21, 37, 2, 40
+    q, k, v = _inputs(b, sq, skv, heads, d, dtype, seed=11)
+    gen = torch.Generator().manual_seed(5)
+    biases = tuple((torch.randn(heads * d, generator=gen, dtype=torch.float64) * 2).to(dtype).to(DEVICE)
+                   for _ in range(2))
+    low = torch.finfo(dtype).min if masked == "finfo.min" else float("-inf")
+    kb = torch.zeros(b, skv, dtype=torch.float64)
+    kb[1, 30:] = low
+    kb[2, :] = low
+    kb = kb.to(dtype).to(DEVICE)
+    got = _run(q, k, v, kb, heads, d**-0.5, SMALL, biases)
+    _check(got, q, k, v, kb, heads, d**-0.5, dtype, biases)
+    if masked == "-inf":
+        assert (got[-1] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_no_keys_gives_zero(dtype):
     """Skv = 0: the function body's MatMul over an empty axis gives 0, and so does the kernel."""
     q, k, v = _inputs(2, 3, 0, 1, 32, dtype, seed=0)
@@ -140,6 +164,8 @@ def _args(**over):
     (dict(v=torch.zeros(2, 5, 64, dtype=torch.float16)), "v must be torch.float32"),
     (dict(key_bias=torch.zeros(2, 4)), r"key_bias must be .* shape \[2, 5\]"),
     (dict(key_bias=torch.zeros(2, 1, 1, 5)), r"key_bias must be .* shape \[2, 5\]"),
+    (dict(k_bias=torch.zeros(1, 64)), r"k_bias must be .* shape \[64\]"),
+    (dict(v_bias=torch.zeros(64, dtype=torch.float16)), r"v_bias must be torch.float32"),
 ])
 def test_bad_input_is_a_clear_error(over, err):
     if DEVICE != "cpu":
