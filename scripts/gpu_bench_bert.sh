@@ -19,7 +19,7 @@ case "${1:?phase: ort | opset23 | compile_cg | compile | tensorrt}" in
   ort|opset23)
     python3 -m ort_triton build --arch 90 -o build/lib | tail -1
     export ORT_TRITON_LIBRARY=$PWD/build/lib/libort_triton.so
-    runtimes=ort_stock,ort_stock_cuda_graph,ort_optimizer,onnxscript_fusions,ort_triton,ort_triton_cuda_graph,torch_eager
+    runtimes=ort_stock,ort_stock_cuda_graph,ort_optimizer,ort_optimizer_same_export,onnxscript_fusions,ort_triton,ort_triton_cuda_graph,torch_eager
     if [ "$1" = opset23 ]; then runtimes=ort_stock,ort_stock_cuda_graph,ort_triton,ort_triton_cuda_graph; EXTRA="--opset 23"; fi ;;
   compile) runtimes=torch_compile ;;
   compile_cg) runtimes=torch_compile_cuda_graph ;;

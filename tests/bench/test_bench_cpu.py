@@ -41,14 +41,15 @@ def run(tmp_path_factory):
         mp.setitem(runtimes.RUNTIMES, "bad_rewrite", BadRewrite)
         rows = harness.bench(hf_config="bert-tiny", shapes=SHAPES, device="cpu", warmup=1, iters=3, out_dir=out,
                              runtimes=["ort_stock", "broken", "ort_optimizer", "onnxscript_fusions", "ort_triton",
-                                       "torch_eager", "tensorrt", "ort_stock_cuda_graph", "bad_rewrite"],
+                                       "torch_eager", "tensorrt", "ort_stock_cuda_graph", "bad_rewrite",
+                                       "ort_optimizer_same_export"],
                              log=logged.append)
     return rows, out, logged
 
 
 def test_rows_have_the_schema_and_numbers(run):
     rows, _, _ = run
-    assert len(rows) == len(SHAPES) * 9
+    assert len(rows) == len(SHAPES) * 10
     for r in rows:
         assert set(report.FIELDS) <= set(r) and set(REQUIRED) <= set(r)
         assert r["model"] == "bert-tiny" and r["gpu"] is None and r["device"] == "cpu"
@@ -56,7 +57,7 @@ def test_rows_have_the_schema_and_numbers(run):
         assert r["versions"]["onnxruntime"] and r["versions"]["torch"]
     ok = [r for r in rows if r["status"] == "ok"]
     assert {r["runtime"] for r in ok} == {"ort_stock", "ort_optimizer", "onnxscript_fusions", "ort_triton",
-                                          "torch_eager"}
+                                          "torch_eager", "ort_optimizer_same_export"}
     for r in ok:
         assert 0 < r["p50_ms"] <= r["p90_ms"] <= r["p99_ms"]
         assert r["throughput_seq_s"] == pytest.approx(r["batch"] / r["p50_ms"] * 1e3)
@@ -66,6 +67,7 @@ def test_rows_have_the_schema_and_numbers(run):
     info = {r["runtime"]: r["info"] for r in ok}
     assert "layer_norm" in info["ort_triton"]  # the rewrite happened: the CPU runs its function bodies
     assert "SkipLayerNormalization" in info["ort_optimizer"] and "eager-attention" in info["ort_optimizer"]
+    assert "eager-attention" not in info["ort_optimizer_same_export"]  # the dynamo sdpa file as it is
     assert "skip_layer_normalization" in info["onnxscript_fusions"]
 
 
