@@ -179,3 +179,21 @@ def test_missing_external_data_file_is_named(tmp_path):
     res = run_cli("optimize", src, "-o", tmp_path / "o.onnx", check=False)
     assert res.returncode == 2 and "ext.weights are missing" in res.stderr and "Traceback" not in res.stderr
     assert not (tmp_path / "o.onnx").exists()
+
+
+@pytest.mark.parametrize("case", ["corrupt", "missing_data", "no_file"])
+def test_compare_names_a_bad_model_and_exits_2(tmp_path, case):
+    good = _ln_model(tmp_path / "good.onnx")
+    if case == "corrupt":
+        bad = tmp_path / "bad.onnx"
+        bad.write_bytes(good.read_bytes()[:40])
+        expect = "not a readable ONNX model"
+    elif case == "missing_data":
+        bad, weights = _external(tmp_path)
+        weights.unlink()
+        expect = "ext.weights are missing"
+    else:
+        bad, expect = tmp_path / "nope.onnx", "no such file"
+    for args in ((good, bad), (bad, good)):
+        res = run_cli("compare", *args, check=False)
+        assert res.returncode == 2 and expect in res.stderr and "Traceback" not in res.stderr, res
