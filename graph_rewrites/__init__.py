@@ -74,18 +74,18 @@ def _infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
     shape information beyond their dims, onnx would copy them all into its C++ side and back, and past
     protobuf's 2 GiB it cannot serialise the model at all. The weights are moved out of `proto` and into
     the inferred model, so they exist once."""
-    big = {t.name: t for t in proto.graph.initializer if len(t.raw_data) > _BIG_TENSOR}
     data = {}
-    for name, t in big.items():
-        data[name] = t.raw_data
-        t.ClearField("raw_data")
+    for t in proto.graph.initializer:
+        if len(t.raw_data) > _BIG_TENSOR:
+            data[t.name] = t.raw_data
+            t.ClearField("raw_data")
     try:
         inferred = onnx.shape_inference.infer_shapes(proto, data_prop=True)
     except Exception:  # noqa: BLE001  (onnx raises several types; the rules then refuse with a reason)
         inferred = proto
-    target = {t.name: t for t in inferred.graph.initializer if t.name in data}
-    for name in list(data):
-        target[name].raw_data = data.pop(name)
+    for t in inferred.graph.initializer:
+        if t.name in data:
+            t.raw_data = data.pop(t.name)
     return inferred
 
 

@@ -35,14 +35,14 @@ def _external_files(model) -> set[str]:
 
 
 def _load_model(path: pathlib.Path):
-    """(model with its external data loaded, whether it had any). The external files are checked first,
-    so a missing one is named, not a traceback."""
+    """(model with its external data loaded, the names of its external data files). The external files
+    are checked first, so a missing one is named, not a traceback."""
     from onnx.external_data_helper import load_external_data_for_model
 
     model = _check_model(path)
-    external = bool(_external_files(model))
+    files = _external_files(model)
     load_external_data_for_model(model, str(path.parent))
-    return model, external
+    return model, files
 
 
 def _check_model(path: pathlib.Path):
@@ -66,11 +66,12 @@ def _check_model(path: pathlib.Path):
 _PROTO_LIMIT = 2**31 - 2**26  # protobuf's 2 GiB, less headroom for the graph itself
 
 
-def save_atomic(model, out: pathlib.Path, external: bool = False) -> None:
+def save_atomic(model, out: pathlib.Path, external: bool = False) -> str | None:
     """Write next to the target, then rename: a crash leaves the old file or the new one, never half.
     With external=True, or past protobuf's 2 GiB, the weights go to a data file of a name unique to this
     write, which the new model references and which lands before it; the previous one is removed after.
-    The model's tensors are moved out to the data file (the caller's model is consumed)."""
+    The model's tensors are moved out to the data file (the caller's model is consumed). Returns the data
+    file's name, or None when everything went into `out`."""
     import uuid
 
     import onnx
@@ -91,12 +92,15 @@ def save_atomic(model, out: pathlib.Path, external: bool = False) -> None:
     try:
         if data_name:
             write_external_data_tensors(model, str(out.parent))  # a new name: nothing reads it yet
-            if (out.parent / data_name).exists():  # (not when every tensor is under the threshold)
+            if (out.parent / data_name).exists():
                 os.chmod(out.parent / data_name, 0o666 & ~umask)
+            else:  # every tensor was under the threshold
+                data_name = None
         onnx.save(model, tmp)
         os.replace(tmp, out)
         for f in old_data - ({out.parent / data_name} if data_name else set()):
             f.unlink(missing_ok=True)
+        return data_name
     except BaseException:
         if data_name:
             (out.parent / data_name).unlink(missing_ok=True)
@@ -106,12 +110,9 @@ def save_atomic(model, out: pathlib.Path, external: bool = False) -> None:
             os.unlink(tmp)
 
 
-def _model_mb(path: pathlib.Path) -> float:
-    """The model's size on disk: the .onnx file and its external data files."""
-    import onnx
-
-    files = _external_files(onnx.load(str(path), load_external_data=False))
-    return sum((path.parent / f).stat().st_size for f in files | {path.name}) / 1e6
+def _model_mb(path: pathlib.Path, data_files) -> float:
+    """The model's size on disk: the .onnx file and its external data files (names, next to it)."""
+    return sum((path.parent / f).stat().st_size for f in {path.name, *data_files}) / 1e6
 
 
 def _same_file(a: pathlib.Path, b: pathlib.Path) -> bool:
@@ -165,7 +166,7 @@ def cmd_optimize(args) -> int:
     known = graph_rewrites.registry.BY_NAME
     if args.explain and args.explain not in known:
         raise UserError(f"--explain: unknown rule {args.explain!r}; rules: {', '.join(known)}")
-    model, external = _load_model(src)
+    model, src_data = _load_model(src)
     try:
         keep = tuple(args.keep_fp32.split(",")) if args.keep_fp32 else graph_rewrites.FP32_KEEP
         with _stage_progress(con) as progress:
@@ -175,9 +176,9 @@ def cmd_optimize(args) -> int:
         del model  # consumed: its weights are in `out` now
     except ValueError as e:
         raise UserError(str(e)) from None
-    save_atomic(out, dst, external=external)  # external data out where it came in
-    con.print(op_table(report.ops_before, report.ops_after,
-                       f"{src.name} -> {dst.name}  ({_model_mb(src):.1f} MB -> {_model_mb(dst):.1f} MB)"))
+    dst_data = save_atomic(out, dst, external=bool(src_data))  # external data out where it came in
+    size = f"{_model_mb(src, src_data):.1f} MB -> {_model_mb(dst, [dst_data] if dst_data else []):.1f} MB"
+    con.print(op_table(report.ops_before, report.ops_after, f"{src.name} -> {dst.name}  ({size})"))
     con.print(rule_table(report, args.verbose))
     if args.explain:
         st = report.rules[args.explain]

@@ -125,9 +125,9 @@ def attention_fwd(
         m_i, l_i, acc = _attend(q, k_ptrs, v_ptrs, kb_ptrs, full_end, SKV, offs_n, d_ok, m_i, l_i, acc, qk_scale,
                                 V.dtype.element_ty, True, MASK_D, prec)
 
-    # every key -inf, or SKV == 0: acc is 0 and so is y, without v_bias (the graph's row is 0 there too)
+    # every key -inf, or SKV == 0 (l = 0): y is 0, without v_bias (the graph's row is 0 there too)
     bv = tl.load(BV + head_offs, mask=d_ok, other=0.0).to(tl.float32)
-    y = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None] + tl.where(l_i == 0.0, 0.0, 1.0)[:, None] * bv[None, :]
+    y = tl.where((l_i > 0.0)[:, None], acc / l_i[:, None] + bv[None, :], 0.0)
     tl.store(Y + q_offs, y.to(Y.dtype.element_ty), mask=q_mask)
 
 

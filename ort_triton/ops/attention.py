@@ -106,7 +106,7 @@ KERNEL = Kernel(
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) per element type and BLOCK_D. fp16/bf16 at BLOCK_D=64 (BERT's
 # head dim) comes from the H200 sweep: 4 warps, 3 stages, 1.8x the first choice at 8x2048; the others are
 # first choices, to be swept. Checked with ptxas (Triton 3.6): no spills on sm_90 (255 registers at D=64);
-# on sm_8x 4 warps at D=64 spill, so those GPUs keep 8 warps, 2 stages (Spec.pre_hopper); fp32 at
+# on sm_8x 4 warps at D=64 spill, so those GPUs keep 8 warps, 2 stages (_PRE_HOPPER); fp32 at
 # BLOCK_D=128 spills under 64 bytes. Shared memory: at most 48 KB on sm_8x, 64 KB on sm_90 (fp16/bf16),
 # 72 KB (fp32): under sm_86/89's 99 KB, so an image also runs on a later GPU of its major. fp16/bf16 take
 # 128 query rows per program like FlashAttention-2; fp32 dots run as 3xTF32, which holds each operand
@@ -119,14 +119,20 @@ _CONFIGS = {
     ("float", 64): (32, 32, 4, 2),
     ("float", 128): (32, 32, 4, 2),
 }
+# (num_warps, num_stages) on sm_8x where the sm_90 choice spills there (ptxas: 72-104 bytes of stack at
+# 4 warps, where mma.sync holds the tiles in registers): the pre-sweep 8 warps, 2 stages
+_PRE_HOPPER = {("half", 64): (8, 2)}
 
 
 def block_config(head_dim: int, type_name: str) -> dict:
-    """Tile sizes and launch options for a head dim and element type. BLOCK_D is the head dim rounded up
-    to a power of two (Triton's tiles are powers of two; the extra lanes are masked)."""
+    """Tile sizes and launch options for a head dim and element type (pre_hopper: those for sm_8x, or None
+    for the same). BLOCK_D is the head dim rounded up to a power of two (Triton's tiles are powers of two;
+    the extra lanes are masked)."""
     block_d = max(16, 1 << (head_dim - 1).bit_length())
-    block_m, block_n, warps, stages = _CONFIGS[("float" if type_name == "float" else "half", block_d)]
-    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=warps, num_stages=stages)
+    kind = ("float" if type_name == "float" else "half", block_d)
+    block_m, block_n, warps, stages = _CONFIGS[kind]
+    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=warps, num_stages=stages,
+                pre_hopper=_PRE_HOPPER.get(kind))
 
 
 def _specs(type_name: str) -> list[Spec]:
@@ -145,9 +151,7 @@ def _specs(type_name: str) -> list[Spec]:
                             "BLOCK_N": cfg["BLOCK_N"]},
                 num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
                 keys=((d, d), (aligned, 1)),
-                # 4 warps at D=64 spill on sm_8x (ptxas: 72-104 bytes of stack), where mma.sync holds the
-                # tiles in registers; there the pre-sweep 8 warps, 2 stages
-                pre_hopper=(8, 2) if cfg["num_warps"] == 4 and cfg["BLOCK_D"] == 64 else None,
+                pre_hopper=cfg["pre_hopper"],
                 consts=(cfg["BLOCK_M"], cfg["BLOCK_N"], d),
                 divisible_by_16=("Q", "K", "V", "KB", "BV", "Y") + (("SQ", "SKV") if aligned else ()),
             ))
