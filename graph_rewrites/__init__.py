@@ -19,6 +19,7 @@ from ort_triton.contract import DOMAIN, DOMAIN_VERSION, MIN_OPSET
 from ort_triton.ops import BY_NAME as OPS
 
 from .registry import RULES, RuleStats, apply_rules, select
+from .static_shapes import specialize
 
 __all__ = ["FP32_KEEP", "RULES", "Report", "op_counts", "optimize", "to_float16"]
 
@@ -144,12 +145,14 @@ def to_float16(proto: onnx.ModelProto, *, keep_io_types: bool = False,
 
 def optimize(model, *, only: list[str] | None = None, disable: list[str] | None = None, report: bool = False,
              float16: bool = False, keep_io_types: bool = False, keep_fp32: tuple[str, ...] = FP32_KEEP,
-             progress=None, inplace: bool = False):
+             progress=None, inplace: bool = False, static_shapes: dict[str, list[int]] | None = None):
     """Fuse what the rules find, then (float16=True) convert to fp16 (see to_float16). Returns a model
     of the input's type (a path gives an onnx.ModelProto); with report=True, (model, Report). The input
     is never modified, unless inplace=True hands over an onnx.ModelProto to be consumed (its weights move
     to the result: one copy of them instead of two, for models of several GB). progress(done, total,
-    what) is called between rule stages."""
+    what) is called between rule stages. static_shapes {input: dims} specialises the model for those
+    shapes after fusing (graph_rewrites/static_shapes.py: every shape computation folded, so ORT's CUDA EP
+    runs every node and can capture a CUDA graph); a shape node it cannot fold is named in the notes."""
     selected = rules = select(only, disable)
     proto = _load(model, inplace)
     before = op_counts(proto)
@@ -168,6 +171,11 @@ def optimize(model, *, only: list[str] | None = None, disable: list[str] | None 
     del proto  # the IR holds its tensors; serialising below copies them, so only one copy stays alive
     stats = {r.name: RuleStats(r.name, r.identity) for r in selected}
     stats.update(apply_rules(ir_model, rules, progress))
+    if static_shapes:
+        left = specialize(ir_model, static_shapes)
+        if left:
+            notes.append(f"--static-shapes: {len(left)} node(s) still compute shapes and would run on the CPU "
+                         f"(no CUDA graph capture): {', '.join(left[:8])}")
     out = ir.serde.serialize_model(ir_model)
     _finish(out)
     if float16:

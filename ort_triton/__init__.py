@@ -7,6 +7,7 @@
     so = onnxruntime.SessionOptions()
     ort_triton.register(so)                               # the native kernels, for CUDA sessions
     ort_triton.build_library(archs=[90])                  # (re)build the library: needs triton, no GPU
+    sess = ort_triton.Session(model, buckets=[(1, 128)])  # static-shape buckets, IO binding, CUDA graphs
 
 Importing this package loads neither Triton nor torch.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "bench", "build_library", "compare_models", "get_library_path", "launch_count",
+__all__ = ["Session", "__version__", "bench", "build_library", "compare_models", "get_library_path", "launch_count",
            "make_session", "optimize", "register"]
 
 
@@ -24,6 +25,10 @@ def __getattr__(name):  # lazy: serving needs neither the rewriter nor the build
         from . import runtime
 
         return getattr(runtime, name)
+    if name == "Session":
+        from .session import Session
+
+        return Session
     if name == "build_library":
         from .aot.build import build_library
 

@@ -158,6 +158,7 @@ def _stage_progress(con: Console):
 
 def cmd_optimize(args) -> int:
     import graph_rewrites
+    from graph_rewrites import static_shapes
 
     con = _console(args)
     src, dst = pathlib.Path(args.input), pathlib.Path(args.output)
@@ -166,13 +167,18 @@ def cmd_optimize(args) -> int:
     known = graph_rewrites.registry.BY_NAME
     if args.explain and args.explain not in known:
         raise UserError(f"--explain: unknown rule {args.explain!r}; rules: {', '.join(known)}")
+    try:
+        static = static_shapes.parse(args.static_shapes) if args.static_shapes else None
+    except ValueError as e:
+        raise UserError(str(e)) from None
     model, src_data = _load_model(src)
     try:
         keep = tuple(args.keep_fp32.split(",")) if args.keep_fp32 else graph_rewrites.FP32_KEEP
         with _stage_progress(con) as progress:
             out, report = graph_rewrites.optimize(model, only=args.only, disable=args.disable, report=True,
                                                   float16=args.float16, keep_io_types=args.keep_io_types,
-                                                  keep_fp32=keep, progress=progress, inplace=True)
+                                                  keep_fp32=keep, progress=progress, inplace=True,
+                                                  static_shapes=static)
         del model  # consumed: its weights are in `out` now
     except ValueError as e:
         raise UserError(str(e)) from None
@@ -301,6 +307,23 @@ def cmd_bench(args) -> int:
     return 0 if any(r["status"] == "ok" for r in rows) else 1
 
 
+def cmd_export_server(args) -> int:
+    from .runtime import LibraryNotFound
+    from .server_repo import export_server
+
+    con = _console(args)
+    _check_model(pathlib.Path(args.model))
+    try:
+        where = export_server(args.model, args.out, name=args.name, library=args.library, server_repo=args.server_repo,
+                              max_batch_size=args.max_batch_size, cuda_graph=args.cuda_graph,
+                              instances=args.instances, force=args.force)
+    except (ValueError, FileExistsError, FileNotFoundError, LibraryNotFound) as e:
+        raise UserError(str(e)) from None
+    con.print(f"wrote {where}: config.pbtxt, 1/model.onnx, libort_triton.so")
+    con.print(f"serve: tritonserver --model-repository={args.server_repo or pathlib.Path(args.out).resolve()}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="ort-triton", description=__doc__.splitlines()[0])
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
@@ -315,6 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("--keep-io-types", action="store_true", help="with --float16: graph inputs/outputs stay fp32")
     o.add_argument("--keep-fp32", metavar="OP,OP", help="with --float16: ops left in fp32 (default: "
                    "Pow, ReduceMean, ReduceSum, Exp, Log, Sqrt, ... and onnxruntime's block list)")
+    o.add_argument("--static-shapes", metavar="NAME=DIMS,...", help="specialise for fixed input shapes, e.g. "
+                   "input_ids=1x128,attention_mask=1x128: every shape computation folded, so ORT's CUDA EP runs "
+                   "every node and can capture CUDA graphs")
     o.add_argument("-v", "--verbose", action="store_true", help="show every refused candidate and why")
     o.add_argument("--explain", metavar="RULE", help="for one rule: every refusal and its best partial match")
     o.add_argument("--json", metavar="PATH", help="write the report as JSON")
@@ -364,7 +390,21 @@ def main(argv: list[str] | None = None) -> int:
     n.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS)
     n.set_defaults(func=cmd_bench)
 
-    for sp in (o, c, b, d, m):
+    x = sub.add_parser("export-server", help="write a Triton Inference Server model repository (ONNX Runtime backend)")
+    x.add_argument("model", help="the optimized ONNX model")
+    x.add_argument("--out", required=True, help="the model repository directory")
+    x.add_argument("--name", help="model name (default: the file's stem)")
+    x.add_argument("--library", help="libort_triton.so to ship (default: the one ort_triton finds)")
+    x.add_argument("--server-repo", help="where the repository sits on the server, e.g. /models (the config names "
+                   "the library by absolute path; default: --out as written)")
+    x.add_argument("--max-batch-size", type=int, default=8, help="dynamic batching up to this (0: unbatched)")
+    x.add_argument("--cuda-graph", action="store_true", help="CUDA EP enable_cuda_graph (needs a static-shape "
+                   "model: optimize --static-shapes); served unbatched")
+    x.add_argument("--instances", type=int, default=1, help="model instances per GPU")
+    x.add_argument("--force", action="store_true", help="replace REPO/NAME if it exists")
+    x.set_defaults(func=cmd_export_server)
+
+    for sp in (o, c, b, d, m, x):
         sp.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS)
     args = p.parse_args(argv)
     try:
