@@ -114,7 +114,8 @@ def build_library(archs=DEFAULT_ARCHS, out_dir=None, *, cache_dir=None, jobs: in
         cmd = [cc or os.environ.get("CC", "cc"), "-std=c11", "-O2", "-fPIC", "-shared", "-fvisibility=hidden",
                "-Wall", "-Wextra", "-Werror", f"-I{include}", f"-I{NATIVE_DIR}",
                *sorted(map(str, NATIVE_DIR.glob("*.c"))), str(table), str(images),
-               "-ldl", "-lpthread", "-o", str(lib_tmp)]
+               # an op whose planner is missing fails here, not when ORT dlopens the library
+               "-ldl", "-lpthread", "-Wl,--no-undefined", "-o", str(lib_tmp)]
         log("$ " + shlex.join(cmd))
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode:
