@@ -54,13 +54,16 @@ def profile_runtime(rt, model, shape, inputs, iters: int) -> dict:
     finally:
         runner.close()
     per_kernel = collections.Counter()
+    launches = 0
     for ev in prof.events():
         if ev.device_type.name == "CUDA":  # a kernel or a copy on the GPU; its time range is in us
             per_kernel[ev.name] += ev.time_range.elapsed_us() / iters  # us per inference
+            launches += 1
     groups = collections.Counter()
     for name, us in per_kernel.items():
         groups[group_of(name)] += us
-    return dict(total_us=sum(per_kernel.values()), groups=dict(groups.most_common()),
+    return dict(total_us=sum(per_kernel.values()), kernels_per_inference=launches / iters,
+                groups=dict(groups.most_common()),
                 top=[dict(kernel=k[:160], us=us) for k, us in per_kernel.most_common(12)], info=rt.info)
 
 
@@ -90,7 +93,8 @@ def main(argv=None) -> None:
                            **profile_runtime(rt, model, shape, inputs, args.iters))
                 out.append(row)
                 parts = ", ".join(f"{g} {us / 1e3:.2f}" for g, us in row["groups"].items())
-                print(f"{row['shape']:7} {rt.name:22} GPU {row['total_us'] / 1e3:7.2f} ms/inference: {parts}",
+                print(f"{row['shape']:7} {rt.name:22} GPU {row['total_us'] / 1e3:7.2f} ms/inference in "
+                      f"{row['kernels_per_inference']:.0f} kernels: {parts}",
                       flush=True)
                 for t in row["top"][:6]:
                     print(f"          {t['us'] / 1e3:7.3f} ms  {t['kernel'][:110]}")
