@@ -1,0 +1,391 @@
+"""Decoder latency, prefill and decode, side by side: ORT stock, ORT on the opset-23 export (its Attention,
+RMSNormalization and RotaryEmbedding ops) with and without CUDA graphs, onnxscript's optimize_for_ort, ORT's
+transformers optimizer (GPT-2), ort_triton with and without CUDA graphs, and PyTorch; one process, same
+model and weights, same inputs, CUDA events, median of many runs.
+
+    python -m ort_triton.bench.decoder --model llama-1b --prefill 1x512,8x512,1x2048,8x2048 \
+        --decode 1x1024,16x1024,1x4096,16x4096 --json OUT.json
+
+Prefill BxS: a prompt of S tokens, no past. Decode BxP: one new token per row over a cache of P positions
+(the step is timed alone, on the same inputs each time). Each ORT runtime keeps one session for every shape;
+with CUDA graphs, each shape gets its own graph (run option gpu_graph_id) on fixed buffers.
+What a decode step must move at least: every weight once (the input embedding only for the B rows it
+gathers) and the cache it reads, 2 x layers x B x kv_heads x P x head_dim elements; the bandwidth column
+is that over the time, against the 4.08 TB/s copy ceiling (FACTS.md). The exports' KV cache is a Concat,
+so every step also writes the whole present cache (P + 1 positions): not counted, and a reason a
+step cannot reach the ceiling. Prefill FLOPs: 2 x (non-embedding) params x B x S + causal attention.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import tempfile
+import time
+
+import numpy as np
+
+from .. import decoders
+from .harness import Clock, _release, _short, environment
+
+CEILING_GBS = 4080.0
+RUNTIMES = ("ort_stock", "ort_opset23", "ort_opset23_cuda_graph", "onnxscript_fusions", "ort_optimizer",
+            "ort_triton", "ort_triton_cuda_graph", "torch_eager")
+ELEM_BYTES = {"float16": 2, "float32": 4}
+
+
+def parse(text: str) -> list[tuple[int, int]]:
+    out = []
+    for item in filter(None, text.split(",")):
+        b, _, n = item.lower().partition("x")
+        out.append((int(b), int(n)))
+    return out
+
+
+class Model:
+    """The transformers model, its exports (made on first use) and the counts the rows need."""
+
+    def __init__(self, name: str, dtype: str, device: str, work: pathlib.Path):
+        import torch
+
+        self.name, self.dtype, self.device, self.work = name, dtype, device, work
+        self.torch_dtype = {"float16": torch.float16, "float32": torch.float32}[dtype]
+        self.model = decoders.build(name, dtype=self.torch_dtype)
+        self.config = self.model.config
+        self.layers, self.kv_heads, self.head_dim = decoders.cache_spec(self.config)
+        self._files: dict[str, pathlib.Path] = {}
+        params = dict(self.model.named_parameters())
+        embed = self.model.get_input_embeddings().weight
+        tied = any(p is embed for n, p in params.items() if "lm_head" in n) or getattr(
+            self.config, "tie_word_embeddings", False)
+        total = sum(p.numel() for p in params.values())
+        self.params = total
+        self.embed_params = embed.numel()
+        # weights a decode step reads: all but the input embedding table (gathered by row), which a tied
+        # lm_head reads in full anyway
+        self.step_weight_elems = total if tied else total - embed.numel()
+        self.flop_params = total - (0 if tied else embed.numel())  # the GEMM weights (lm_head included)
+
+    def export(self, kind: str) -> pathlib.Path:
+        """kind: "default" (dynamo, default opset), "opset23" (dynamo, opset 23), "torchscript"."""
+        if kind not in self._files:
+            path = self.work / f"{self.name}.{kind}.onnx"
+            exporter = "torchscript" if kind == "torchscript" else "dynamo"
+            decoders.export(self.model, path, exporter=exporter, cache=True, opset=23 if kind == "opset23" else None)
+            self._files[kind] = path
+        return self._files[kind]
+
+    def feeds(self, phase: str, batch: int, n: int, seed: int = 0) -> dict:
+        """numpy feeds: prefill (S = n, P = 0) or decode (S = 1, P = n)."""
+        seq, past = (n, 0) if phase == "prefill" else (1, n)
+        return decoders.sample_inputs(self.model, batch, seq, past, seed=seed)
+
+
+# ---- ORT ---------------------------------------------------------------------------------------------
+class OrtRuntime:
+    name = "ort_stock"
+    export_kind = "default"
+    cuda_graph = False
+    info = ""
+
+    def available(self, m: Model) -> str | None:
+        import onnxruntime as ort
+
+        if m.device == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
+            return f"onnxruntime {ort.__version__} has no CUDAExecutionProvider"
+        if self.cuda_graph and m.device != "cuda":
+            return "CUDA graphs need --device cuda"
+        return None
+
+    def model_file(self, m: Model) -> pathlib.Path:
+        return m.export(self.export_kind)
+
+    def session_options(self):
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        return so
+
+    def session(self, m: Model):
+        import onnxruntime as ort
+
+        path = self.model_file(m)
+        providers = ["CPUExecutionProvider"]
+        if m.device == "cuda":
+            providers = [("CUDAExecutionProvider", {"enable_cuda_graph": "1"} if self.cuda_graph else {})]
+        return ort.InferenceSession(str(path), self.session_options(), providers=providers)
+
+    def start(self, m: Model):
+        self.sess = self.session(m)
+        self.graph_ids = 0
+
+    def runner(self, m: Model, feeds: dict):
+        import onnxruntime as ort
+
+        device = "cuda" if m.device == "cuda" else "cpu"
+        io = self.sess.io_binding()
+        keep = []
+        for inp in self.sess.get_inputs():
+            value = ort.OrtValue.ortvalue_from_numpy(feeds[inp.name], device, 0)
+            keep.append(value)
+            io.bind_ortvalue_input(inp.name, value)
+        ro = ort.RunOptions()
+        if self.cuda_graph:  # fixed output buffers, one graph per shape
+            b, s = feeds["input_ids"].shape
+            total = feeds["attention_mask"].shape[1]
+            np_t = np.float16 if m.dtype == "float16" else np.float32
+            for out in self.sess.get_outputs():
+                shape = ([b, s, m.config.vocab_size] if out.name == "logits"
+                         else [b, m.kv_heads, total, m.head_dim])
+                value = ort.OrtValue.ortvalue_from_shape_and_type(shape, np_t, device, 0)
+                keep.append(value)
+                io.bind_ortvalue_output(out.name, value)
+            self.graph_ids += 1
+            ro.add_run_config_entry("gpu_graph_id", str(self.graph_ids))
+        else:
+            for out in self.sess.get_outputs():
+                io.bind_output(out.name, device)
+
+        def run():
+            self.sess.run_with_iobinding(io, ro)
+
+        def logits():
+            run()
+            return io.get_outputs()[0].numpy()
+
+        run.keep, run.logits = keep, logits
+        return run
+
+    def stop(self):
+        self.sess = None
+
+
+class OrtOpset23(OrtRuntime):
+    name, export_kind = "ort_opset23", "opset23"
+
+
+class OrtOpset23CudaGraph(OrtOpset23):
+    name, cuda_graph = "ort_opset23_cuda_graph", True
+
+
+class _Rewritten(OrtRuntime):
+    """A runtime whose file is a rewrite of an export, made once."""
+
+    def rewrite(self, m: Model, out: pathlib.Path) -> None:
+        raise NotImplementedError
+
+    def model_file(self, m):
+        out = m.work / f"{m.name}.{self.name}.onnx"
+        if not out.exists():
+            self.rewrite(m, out)
+        return out
+
+
+class OnnxscriptFusions(_Rewritten):
+    name = "onnxscript_fusions"
+
+    def rewrite(self, m, out):
+        import onnx_ir as ir
+        from onnxscript.rewriter.ort_fusions import optimize_for_ort
+
+        optimized, counts = optimize_for_ort(ir.load(str(m.export("default"))))
+        self.info = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()) if v) or "nothing fused"
+        ir.save(optimized, str(out), external_data=out.name + ".data" if m.params * 2 > 2**31 else None)
+
+
+class OrtOptimizer(_Rewritten):
+    """ORT's transformers optimizer, for GPT-2 (its model_type "gpt2") on the torchscript export."""
+
+    name = "ort_optimizer"
+
+    def available(self, m):
+        if m.config.model_type != "gpt2":
+            return f"ORT's transformers optimizer fuses GPT-2 decoders; not run on {m.config.model_type}"
+        return super().available(m)
+
+    def rewrite(self, m, out):
+        from onnxruntime.transformers.optimizer import optimize_model
+
+        opt = optimize_model(str(m.export("torchscript")), model_type="gpt2", num_heads=m.config.n_head,
+                             hidden_size=m.config.n_embd, use_gpu=m.device == "cuda")
+        self.info = ", ".join(f"{k} {v}" for k, v in sorted(opt.get_fused_operator_statistics().items()) if v)
+        opt.save_model_to_file(str(out))
+
+
+class OrtTriton(_Rewritten):
+    name = "ort_triton"
+
+    def available(self, m):
+        reason = super().available(m)
+        if reason or m.device != "cuda":
+            return reason
+        from ..runtime import LibraryNotFound, get_library_path
+
+        try:
+            get_library_path()
+        except LibraryNotFound as e:
+            return str(e)
+        return None
+
+    def rewrite(self, m, out):
+        import graph_rewrites
+
+        from ..cli import save_atomic
+
+        model, report = graph_rewrites.optimize(str(m.export("default")), report=True)
+        self.info = ", ".join(f"{r.name} {r.matched}" for r in report.rules.values() if r.matched)
+        save_atomic(model, out, external=m.params * ELEM_BYTES[m.dtype] > 2**31)
+
+    def session(self, m):
+        from ..runtime import make_session
+
+        providers = ["CPUExecutionProvider"]
+        if m.device == "cuda":
+            providers = [("CUDAExecutionProvider", {"enable_cuda_graph": "1"} if self.cuda_graph else {})]
+        return make_session(self.model_file(m), providers=providers, session_options=self.session_options())
+
+
+class OrtTritonCudaGraph(OrtTriton):
+    name, cuda_graph = "ort_triton_cuda_graph", True
+
+
+# ---- PyTorch -----------------------------------------------------------------------------------------
+class TorchEager:
+    name = "torch_eager"
+    info = "transformers, attn_implementation=sdpa, DynamicCache"
+
+    def available(self, m):
+        return None
+
+    def start(self, m):
+        self.module = decoders.wrap(m.model.to(m.device), cache=True)
+
+    def runner(self, m, feeds):
+        import torch
+
+        args = [torch.from_numpy(v).to(m.device) for v in feeds.values()]
+
+        def run():
+            with torch.no_grad():
+                return self.module(*args)
+
+        run.logits = lambda: run()[0].float().cpu().numpy()
+        return run
+
+    def stop(self):
+        self.module = None
+
+
+ALL = {rt.name: rt for rt in (OrtRuntime, OrtOpset23, OrtOpset23CudaGraph, OnnxscriptFusions, OrtOptimizer,
+                              OrtTriton, OrtTritonCudaGraph, TorchEager)}
+
+
+# ---- the loop -----------------------------------------------------------------------------------------
+def _counts(m: Model, phase: str, batch: int, n: int, ms: float) -> dict:
+    e = ELEM_BYTES[m.dtype]
+    if phase == "decode":
+        cache = 2 * m.layers * batch * m.kv_heads * n * m.head_dim * e
+        moved = m.step_weight_elems * e + cache + batch * m.config.hidden_size * e
+        gbs = moved / ms / 1e6
+        return dict(bytes_min=moved, gb_s=gbs, ceiling_fraction=gbs / CEILING_GBS, tokens_per_s=batch / ms * 1e3)
+    heads = m.config.num_attention_heads
+    flops = 2 * m.flop_params * batch * n + 2 * 2 * m.layers * batch * heads * n * n / 2 * m.head_dim
+    return dict(flops=flops, tflop_s=flops / ms / 1e9, tokens_per_s=batch * n / ms * 1e3)
+
+
+def bench(model: str, prefill, decode, runtimes, *, dtype="float16", device="cuda", warmup=5, iters=30,
+          log=print) -> list[dict]:
+    gpu, versions = environment(device)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="ort_triton_decoder_") as work:
+        t0 = time.time()
+        m = Model(model, dtype, device, pathlib.Path(work))
+        log(f"{model}: {m.params / 1e6:.1f} M parameters, {m.layers} layers, {m.kv_heads} kv heads x "
+            f"{m.head_dim}, {dtype} ({time.time() - t0:.0f} s)")
+        shapes = [("prefill", b, n) for b, n in prefill] + [("decode", b, n) for b, n in decode]
+        reference = {}
+        clock = Clock(device)
+        for name in runtimes:
+            rt = ALL[name]()
+            base = dict(model=model, dtype=dtype, runtime=name, gpu=gpu, versions=versions,
+                        export={"exporter": "torchscript" if name == "ort_optimizer" else "dynamo",
+                                "opset": 23 if "opset23" in name else None, "attn_implementation": "sdpa"})
+            reason = rt.available(m)
+            if reason:
+                log(f"{name}: skipped ({reason})")
+                rows += [dict(base, phase=p, batch=b, seq=n if p == "prefill" else 1, past=0 if p == "prefill" else n,
+                              status="skipped", error=reason) for p, b, n in shapes]
+                continue
+            t0 = time.time()
+            try:
+                rt.start(m)
+            except Exception as e:  # noqa: BLE001  (a runtime that fails is a row, not the end of the run)
+                log(f"{name}: failed to start: {_short(e)}")
+                rows += [dict(base, phase=p, batch=b, seq=n if p == "prefill" else 1, past=0 if p == "prefill" else n,
+                              status="error", error=_short(e)) for p, b, n in shapes]
+                continue
+            log(f"{name}: ready in {time.time() - t0:.0f} s; {rt.info}")
+            for phase, b, n in shapes:
+                row = dict(base, phase=phase, batch=b, seq=n if phase == "prefill" else 1,
+                           past=0 if phase == "prefill" else n, info=rt.info)
+                try:
+                    run = rt.runner(m, m.feeds(phase, b, n))
+                    for _ in range(warmup):
+                        run()
+                    times = [clock.time(run) for _ in range(iters)]
+                    logits = run.logits()[:, -1].astype(np.float32)
+                    p50, p90, p99 = (float(v) for v in np.percentile(times, [50, 90, 99]))
+                    row.update(status="ok", p50_ms=p50, p90_ms=p90, p99_ms=p99, **_counts(m, phase, b, n, p50))
+                    key = (phase, b, n)
+                    if key in reference:
+                        row["max_abs_diff_last_logits"] = float(np.abs(logits - reference[key][1]).max())
+                        row["diff_against"] = reference[key][0]
+                    else:
+                        reference[key] = (name, logits)
+                except Exception as e:  # noqa: BLE001
+                    row.update(status="error", error=_short(e))
+                del run
+                rows.append(row)
+                log(_line(row))
+            rt.stop()
+            _release(device)
+    return rows
+
+
+def _line(r: dict) -> str:
+    shape = f"{r['phase']} {r['batch']}x{r['seq'] if r['phase'] == 'prefill' else r['past']}"
+    if r["status"] != "ok":
+        return f"  {shape:18} {r['runtime']:24} {r['status']}: {r.get('error', '')}"
+    extra = (f"{r['gb_s']:7.0f} GB/s ({100 * r['ceiling_fraction']:4.1f}%)" if r["phase"] == "decode"
+             else f"{r['tflop_s']:6.1f} TFLOP/s")
+    diff = f"  |d logits| {r['max_abs_diff_last_logits']:.2e}" if "max_abs_diff_last_logits" in r else ""
+    return f"  {shape:18} {r['runtime']:24} p50 {r['p50_ms']:9.3f} ms  {extra}{diff}"
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="llama-1b", help=f"one of {', '.join(decoders.CONFIGS)}")
+    p.add_argument("--prefill", default="1x512,8x512,1x2048,8x2048", help="BxS,... prompt shapes ('' for none)")
+    p.add_argument("--decode", default="1x1024,16x1024,1x4096,16x4096", help="BxP,... cache lengths ('' for none)")
+    p.add_argument("--runtimes", default=",".join(RUNTIMES), help=f"comma-separated from {', '.join(ALL)}")
+    p.add_argument("--dtype", choices=tuple(ELEM_BYTES), default="float16")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--json", required=True)
+    args = p.parse_args(argv)
+    unknown = set(args.runtimes.split(",")) - set(ALL)
+    if unknown:
+        p.error(f"unknown runtime(s) {sorted(unknown)}; known: {', '.join(ALL)}")
+    rows = bench(args.model, parse(args.prefill), parse(args.decode), args.runtimes.split(","), dtype=args.dtype,
+                 device=args.device, warmup=args.warmup, iters=args.iters)
+    command = "python -m ort_triton.bench.decoder " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
+    for r in rows:
+        r["command"] = command
+    pathlib.Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

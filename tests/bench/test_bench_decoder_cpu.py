@@ -1,0 +1,30 @@
+"""The decoder benchmark on its CPU path (the GPU run is scripts/gpu_bench_decoder.sh): every runtime that can
+run here gives a row per shape with times and the step's counts, the runtimes agree on the last-token
+logits, and a runtime that cannot run (CUDA graphs on the CPU) is a skipped row with the reason."""
+
+import pytest
+
+from ort_triton.bench import decoder
+
+pytestmark = pytest.mark.slow
+
+
+def test_decoder_bench_cpu_rows():
+    rows = decoder.bench("llama-tiny", [(2, 9)], [(1, 20)], ["ort_stock", "ort_triton", "ort_opset23_cuda_graph",
+                                                             "torch_eager"],
+                         dtype="float32", device="cpu", warmup=1, iters=3, log=lambda s: None)
+    by = {(r["runtime"], r["phase"]): r for r in rows}
+    assert len(rows) == 8
+    for rt in ("ort_stock", "ort_triton", "torch_eager"):
+        pre, dec = by[(rt, "prefill")], by[(rt, "decode")]
+        assert pre["status"] == dec["status"] == "ok", (pre, dec)
+        assert (pre["batch"], pre["seq"], pre["past"]) == (2, 9, 0)
+        assert (dec["batch"], dec["seq"], dec["past"]) == (1, 1, 20)
+        assert 0 < pre["p50_ms"] <= pre["p90_ms"] <= pre["p99_ms"]
+        assert pre["tflop_s"] > 0 and 0 < dec["ceiling_fraction"] < 1 and dec["bytes_min"] > 0
+        if rt != "ort_stock":  # compared with the first runtime's logits
+            assert pre["diff_against"] == "ort_stock" and pre["max_abs_diff_last_logits"] < 1e-4
+            assert dec["max_abs_diff_last_logits"] < 1e-4
+    assert "rms_norm" in by[("ort_triton", "prefill")]["info"]
+    skipped = by[("ort_opset23_cuda_graph", "decode")]
+    assert skipped["status"] == "skipped" and "CUDA graphs need --device cuda" in skipped["error"]
