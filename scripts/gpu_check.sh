@@ -7,7 +7,7 @@
 #   device run, carry [".ortgpu", ".ortinc"]:  source .ortgpu/activate.sh && bash scripts/gpu_check.sh
 # Environment: PYTEST_PATHS (default tests/gpu tests/ops), PYTEST_ARGS (more pytest arguments), BENCH_ARGS
 # (for the LayerNorm benchmark), LN_CANDIDATES (below), SWEEPS=1 (also the launch-config sweeps behind
-# ops/layer_norm.py and ops/attention.py), BENCH=0 (skip the benchmarks).
+# ops/layer_norm.py and ops/attention.py), BENCH=0 (skip the benchmarks), SANITIZE=1 (compute-sanitizer; SANITIZE_TESTS).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/ort_triton_out}
