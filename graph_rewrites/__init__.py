@@ -118,10 +118,12 @@ def _finish(proto: onnx.ModelProto) -> None:
     inputs = {i.name for i in proto.graph.input}
     for t in [t for t in proto.graph.initializer if t.name not in read and t.name not in inputs]:
         proto.graph.initializer.remove(t)
-    have = {(f.domain, f.name) for f in proto.functions}
+    # our ops' bodies come from their contracts, always: a model optimized before (whose bodies shape
+    # inference has annotated since, or an older version wrote) gets the same bodies as a fresh one
+    for f in [f for f in proto.functions if f.domain == DOMAIN]:
+        proto.functions.remove(f)
     for name in sorted(used):
-        if (DOMAIN, name) not in have:
-            proto.functions.append(OPS[name].function_proto(_opset(proto)))
+        proto.functions.append(OPS[name].function_proto(_opset(proto)))
     if used and not any(o.domain == DOMAIN for o in proto.opset_import):
         proto.opset_import.append(onnx.helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
     if used:

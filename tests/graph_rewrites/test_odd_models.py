@@ -3,9 +3,12 @@
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import graph_rewrites
+from ort_triton import models
+from ort_triton.compare import random_inputs
 from ort_triton.ops.layer_norm import reference_layer_norm
 
 H = 24
@@ -104,3 +107,31 @@ def test_newer_opset_than_onnx_knows_is_left_alone_with_a_note():
     out, rep = graph_rewrites.optimize(m, report=True)
     assert rep.fused() == 0 and f"opset {opset} is newer" in rep.notes[0]
     assert graph_rewrites.op_counts(out) == {"LayerNormalization": 1}
+
+
+def test_empty_node_names():
+    nodes = [helper.make_node("Add", ["x", "r"], ["s"]), _ln("s", "y")]
+    for n in nodes:
+        n.name = ""
+    model = _model(helper.make_graph(nodes, "g", [_vi("x"), _vi("r")], [_vi("y")], _weights()))
+    out, rep = graph_rewrites.optimize(model, report=True)
+    assert rep.ops_after["ai.ort_triton.AddLayerNorm"] == 1
+    feeds = {"x": RNG.normal(size=(2, H)).astype(np.float32), "r": RNG.normal(size=(2, H)).astype(np.float32)}
+    _same(model, out, feeds)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("exporter", models.EXPORTERS)
+def test_optimizing_twice_is_optimizing_once(tmp_path, exporter):
+    """A second optimize of an optimized BERT finds nothing new and changes nothing: same nodes, same function
+    bodies, same outputs."""
+    src = models.export(models.build("bert-tiny"), tmp_path / "m.onnx", exporter=exporter)
+    once = graph_rewrites.optimize(str(src))
+    twice, rep = graph_rewrites.optimize(once, report=True)
+    assert rep.fused() == 0, {k: v.matched for k, v in rep.rules.items() if v.matched}
+    strip = lambda m: [(n.op_type, n.domain, list(n.input), list(n.output)) for n in m.graph.node]
+    assert strip(twice) == strip(once)
+    bodies = lambda m: {f.name: f.SerializeToString() for f in m.functions}
+    assert bodies(twice) == bodies(once)
+    feeds = random_inputs(ort.InferenceSession(str(src), providers=["CPUExecutionProvider"]), 2, 11, 512, seed=4)
+    _same(once, twice, feeds)

@@ -1,0 +1,162 @@
+"""Greedy generation with a decoder exported with its KV cache, on ONNX Runtime, with and without ort_triton.
+
+    python examples/generate.py --model llama-tiny --steps 16                 # CPU: stock ORT vs torch
+    python examples/generate.py --model llama-tiny --steps 16 --optimize      # + the rewritten model (CPU:
+                                                                              #   through its function bodies)
+    python examples/generate.py --model llama-1b --cuda --optimize --float16  # GPU: the library's kernels
+
+The model comes from a transformers config with random weights (ort_triton/decoders.py) and is exported
+with one of the torch exporters: inputs input_ids, attention_mask, past_key_i/past_value_i; outputs logits
+and present_key_i/present_value_i. One prefill (past length 0), then one decode step per token, each
+step's present fed back as the next step's past.
+
+On CUDA the loop uses IO binding: every cache tensor has two device buffers of the final length; a step
+reads its past from one and writes its present into the other (no allocation, no copy to the host but the
+logits). On CPU it calls session.run (`--io-binding` runs the CUDA loop's code on CPU buffers instead).
+Prints the tokens of each runtime and whether they are identical; exits 1 when stock ORT and ort_triton
+disagree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+import tempfile
+import time
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from ort_triton import decoders
+
+
+def greedy_io_binding(session, config, input_ids: np.ndarray, steps: int, attention_mask=None,
+                      device: str = "cuda", device_id: int = 0) -> np.ndarray:
+    """`decoders.greedy` with preallocated cache buffers bound through IO binding (see the module doc)."""
+    layers, kv, head_dim = decoders.cache_spec(config)
+    past_names, present_names = decoders.input_names(config)[2:], decoders.output_names(config)[1:]
+    ort_type = next(i.type for i in session.get_inputs() if i.name == past_names[0])
+    dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16}[ort_type]
+    batch, prompt = input_ids.shape
+    capacity = batch * kv * (prompt + steps) * head_dim  # elements of the longest present
+    # two ping-pong buffers per cache tensor: [B, kv, P, D] contiguous is a prefix of the buffer for every P
+    buffers = [[ort.OrtValue.ortvalue_from_shape_and_type([capacity], dtype, device, device_id) for _ in range(2)]
+               for _ in past_names]
+    ids = np.ascontiguousarray(input_ids, dtype=np.int64)
+    mask = np.ones_like(ids) if attention_mask is None else np.ascontiguousarray(attention_mask, dtype=np.int64)
+    binding = session.io_binding()
+    past, tokens = 0, []
+    for step in range(steps):
+        read, write = step % 2, 1 - step % 2
+        total = past + ids.shape[1]
+        binding.clear_binding_inputs()
+        binding.clear_binding_outputs()
+        binding.bind_cpu_input("input_ids", ids)
+        binding.bind_cpu_input("attention_mask", mask)
+        binding.bind_output("logits", device, device_id)  # ORT allocates it: its length changes after prefill
+        for i, (p, q) in enumerate(zip(past_names, present_names)):
+            binding.bind_input(p, device, device_id, dtype, [batch, kv, past, head_dim], buffers[i][read].data_ptr())
+            binding.bind_output(q, device, device_id, dtype, [batch, kv, total, head_dim],
+                                buffers[i][write].data_ptr())
+        session.run_with_iobinding(binding)
+        logits = binding.get_outputs()[0].numpy()  # outputs in binding order: logits first
+        token = logits[:, -1].argmax(-1).astype(np.int64)[:, None]
+        tokens.append(token)
+        ids, past = token, total
+        mask = np.concatenate([mask, np.ones_like(token)], axis=1)
+    return np.concatenate(tokens, axis=1)
+
+
+def timed(fn, *args, **kwargs):
+    t0 = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return out, time.perf_counter() - t0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="llama-tiny", choices=sorted(decoders.CONFIGS))
+    ap.add_argument("--steps", type=int, default=16, help="tokens to generate")
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--prompt", type=int, default=8, help="prompt length (the last row is left-padded by 2)")
+    ap.add_argument("--exporter", default="dynamo", choices=decoders.EXPORTERS)
+    ap.add_argument("--opset", type=int, default=None, help="e.g. 23: ONNX Attention/RMSNormalization/RotaryEmbedding")
+    ap.add_argument("--optimize", action="store_true", help="also run the model rewritten by graph_rewrites.optimize")
+    ap.add_argument("--cuda", action="store_true", help="CUDA EP with IO binding; the rewritten model gets the "
+                                                        "ort_triton library (ort_triton.make_session)")
+    ap.add_argument("--float16", action="store_true", help="convert both models to fp16 (the cache too)")
+    ap.add_argument("--io-binding", action="store_true", help="on CPU: use the IO-binding loop too")
+    ap.add_argument("--out-dir", type=pathlib.Path, default=None, help="where the .onnx files go (default: temp)")
+    ap.add_argument("--no-torch", action="store_true", help="skip torch's generate (big models)")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    import graph_rewrites
+
+    out_dir = args.out_dir or pathlib.Path(tempfile.mkdtemp(prefix="ot_generate_"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model = decoders.build(args.model)
+    path = out_dir / f"{args.model}-{args.exporter}.onnx"
+    _, secs = timed(decoders.export, model, path, exporter=args.exporter, opset=args.opset)
+    print(f"exported {args.model} ({args.exporter}, opset {args.opset or 'default'}) to {path} in {secs:.1f} s")
+
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, model.config.vocab_size, (args.batch, args.prompt), dtype=np.int64)
+    mask = np.ones_like(ids)
+    if args.batch > 1 and args.prompt > 2:
+        mask[-1, :2] = 0  # a batched prompt is left-padded
+
+    variants = {"ORT": graph_rewrites.to_float16(onnx.load(path)) if args.float16 else str(path)}
+    if args.optimize:
+        optimized, report = graph_rewrites.optimize(str(path), report=True, float16=args.float16)
+        fused = {k: v for k, v in report.ops_after.items() if k.startswith("ai.ort_triton.")}
+        print(f"ort_triton fused: {fused or 'nothing'}")
+        variants["ORT + ort_triton"] = optimized
+
+    results = {}
+    if not args.no_torch:
+        with torch.no_grad():
+            want, secs = timed(model.generate, torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
+                               max_new_tokens=args.steps, do_sample=False)
+        results["torch (fp32)"] = want[:, ids.shape[1]:].numpy(), secs
+    device = "cuda" if args.cuda else "cpu"
+    for label, onnx_model in variants.items():
+        if args.cuda:
+            import ort_triton
+
+            providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+            if label == "ORT":  # stock: no library registered
+                data = onnx_model if isinstance(onnx_model, str) else onnx_model.SerializeToString()
+                session = ort.InferenceSession(data, providers=providers)
+            else:
+                session = ort_triton.make_session(onnx_model, providers=providers)
+        else:
+            data = onnx_model if isinstance(onnx_model, str) else onnx_model.SerializeToString()
+            session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+        if args.cuda or args.io_binding:
+            greedy_io_binding(session, model.config, ids, 2, mask, device=device)  # warm-up
+            tokens, secs = timed(greedy_io_binding, session, model.config, ids, args.steps, mask, device=device)
+        else:
+            tokens, secs = timed(decoders.greedy, session, model.config, ids, args.steps, attention_mask=mask)
+        results[label] = tokens, secs
+
+    for label, (tokens, secs) in results.items():
+        print(f"{label:18s} {1e3 * secs / args.steps:8.2f} ms/token")
+        for row in tokens:
+            print(f"    {' '.join(map(str, row))}")
+    ref_label = "ORT"
+    ok = True
+    for label, (tokens, _) in results.items():
+        if label != ref_label:
+            same = np.array_equal(tokens, results[ref_label][0])
+            print(f"{label} identical to {ref_label}: {same}")
+            if label == "ORT + ort_triton":
+                ok &= same
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
