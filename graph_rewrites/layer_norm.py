@@ -123,9 +123,17 @@ class DecomposedLayerNormRule(_LayerNormRule):
         return LAYER_NORM.node(op, x, gamma, self._beta(op, beta, x, self._hidden), epsilon=self._eps)
 
 
+def _same_dim(a, b) -> bool:
+    """Provably equal: the same number, or the same named symbol (onnx_ir calls two unknown dims equal,
+    which proves nothing: one of them may be a broadcast 1)."""
+    if isinstance(a, int) or isinstance(b, int):
+        return a == b
+    return a.value is not None and a.value == b.value
+
+
 def _same_shape(a: ir.Value, b: ir.Value) -> bool:
     return a.shape is not None and b.shape is not None and a.shape.rank() == b.shape.rank() and all(
-        da == db for da, db in zip(a.shape, b.shape))
+        _same_dim(da, db) for da, db in zip(a.shape, b.shape))
 
 
 class _AddLayerNormBase(pattern.RewriteRuleClassBase):

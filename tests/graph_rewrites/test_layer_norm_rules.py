@@ -198,6 +198,18 @@ def test_refuses_broadcasting_add():
     _assert_same(m, out, _feeds("a"))
 
 
+def test_refuses_an_add_of_two_unknown_dims():
+    """[?, H] + [?, H] with unnamed dims: one may be a broadcast 1, so the Add is not provably a residual."""
+    nodes, inits = _layer_norm("s", "y", H)
+    nodes.insert(0, helper.make_node("Add", ["a", "b"], ["s"]))
+    m = _model(nodes, [_vi("a", [None, H]), _vi("b", [None, H])], [_vi("y", [None, H])], inits)
+    out, rep = graph_rewrites.optimize(m, report=True)
+    assert "not provably equal" in _refusal(rep, "add_layer_norm")
+    assert graph_rewrites.op_counts(out)["ai.ort_triton.AddLayerNorm"] == 0
+    feeds = {"a": RNG.normal(size=(3, H)).astype(np.float32), "b": RNG.normal(size=(1, H)).astype(np.float32)}
+    _assert_same(m, out, feeds)
+
+
 def test_refuses_a_norm_over_other_axes():
     nodes, inits = _layer_norm("x", "y", 5 * H, axis=1)
     m = _model(nodes, [_vi("x", [2, 5, H])], [_vi("y", [2, 5, H])], inits)
