@@ -1,0 +1,77 @@
+"""The Triton kernel behind Rotary (contract and maths: ort_triton/ops/rotary.py)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..ops.rotary import BLOCK_DS, MAX_HEAD_DIM, NUM_WARPS, block_s
+
+
+@triton.jit
+def rotary_fwd(X, COS, SIN, Y, N, S, D, R, cos_b, cos_s, per_pair, interleaved,
+               BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    # program (s-block, head n, batch b) of X [B, N, S, D] (contiguous); cos/sin row (b', s') at
+    # b * cos_b + s * cos_s (a stride 0 broadcasts). Channel j < R:
+    #   y[j] = x[j] * C[j] + sign(j) * x[p(j)] * S[j]
+    #   half-split:  p(j) = (j + R/2) mod R, sign -1 for j < R/2;  interleaved: p(j) = j xor 1, sign -1 at even j
+    #   C[j] = cos[j] (W = R) or one value per pair, cos[j mod R/2] / cos[j // 2] (W = R/2)
+    # channels j >= R: y[j] = x[j]. The partner load hits the lines the first load brought in.
+    pid_s = tl.program_id(0)
+    b = tl.program_id(2).to(tl.int64)
+    rows = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
+    cols = tl.arange(0, BLOCK_D)
+    half = R // 2
+    odd = cols % 2
+    first = cols < half
+    partner = tl.where(interleaved != 0, cols + 1 - 2 * odd, tl.where(first, cols + half, cols - half))
+    negate = tl.where(interleaved != 0, odd == 0, first)
+    cidx = tl.where(per_pair != 0, tl.where(interleaved != 0, cols // 2, tl.where(first, cols, cols - half)), cols)
+    row_ok = (rows < S)[:, None]
+    mask = row_ok & (cols < D)[None, :]
+    rot = row_ok & (cols < R)[None, :]
+
+    x_rows = X + ((b * N + tl.program_id(1)) * S + rows.to(tl.int64))[:, None] * D  # int64: B*N*S*D > 2^31
+    x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    xp = tl.load(x_rows + partner[None, :], mask=rot, other=0.0).to(tl.float32)
+    c_offs = (b * cos_b + rows.to(tl.int64) * cos_s)[:, None] + cidx[None, :]
+    c = tl.load(COS + c_offs, mask=rot, other=1.0).to(tl.float32)  # pass-through: x * 1 + x_p * 0
+    s = tl.load(SIN + c_offs, mask=rot, other=0.0).to(tl.float32)
+    y = x * c + tl.where(negate[None, :], -xp, xp) * s
+    y_rows = Y + ((b * N + tl.program_id(1)) * S + rows.to(tl.int64))[:, None] * D
+    tl.store(y_rows + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+
+
+def rotary(x, cos, sin, interleaved=0, rotary_dim=0, *, out=None):
+    """Run the kernel on torch tensors (tests, the interpreter, GPU timing); shapes as the contract says."""
+    import torch
+
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"rotary: dtype {x.dtype} not supported (float32, float16, bfloat16)")
+    if x.dim() != 4:
+        raise ValueError(f"rotary: X must be [B, N, S, D], got {list(x.shape)}")
+    batch, heads, seq, d = x.shape
+    r = rotary_dim or d
+    if d > MAX_HEAD_DIM or r % 2 or not 2 <= r <= d:
+        raise ValueError(f"rotary: D={d}, rotary_dim={r}: need an even rotary_dim in 2..D and D <= {MAX_HEAD_DIM}")
+    if cos.shape != sin.shape or cos.dtype != x.dtype or sin.dtype != x.dtype:
+        raise ValueError(f"rotary: cos and sin must be one shape and X's type, got {list(cos.shape)}, "
+                         f"{list(sin.shape)}")
+    if cos.dim() == 4 and cos.shape[1] == 1:
+        cos, sin = cos[:, 0], sin[:, 0]
+    if (cos.dim() != 3 or cos.shape[0] not in (1, batch) or cos.shape[1] not in (1, seq)
+            or cos.shape[2] not in (r, r // 2)):
+        raise ValueError(f"rotary: cos must be [1 or B, 1 or S, R or R/2] (or with a 1 after B), got {list(cos.shape)}")
+    cos, sin = cos.contiguous(), sin.contiguous()
+    w = cos.shape[2]
+    cos_s = w if cos.shape[1] > 1 else 0
+    cos_b = cos.shape[1] * w if cos.shape[0] > 1 else 0
+    x = x.contiguous()
+    y = out if out is not None else torch.empty_like(x)
+    bd = next(b for b in BLOCK_DS if d <= b)
+    bs = block_s(bd)
+    if x.numel():
+        rotary_fwd[(triton.cdiv(seq, bs), heads, batch)](
+            x, cos, sin, y, heads, seq, d, r, cos_b, cos_s, int(w != r), int(bool(interleaved)),
+            BLOCK_S=bs, BLOCK_D=bd, num_warps=NUM_WARPS)
+    return y

@@ -1,0 +1,156 @@
+"""Rotary: rotary position embedding (RoPE) applied to one of q or k, on the heads layout.
+
+    X [B, N, S, D]                 q or k after the head transpose (where HF applies it)
+    cos, sin [B', S', W] or [B', 1, S', W]   B' in {1, B}, S' in {1, S}: broadcast over the heads (and the batch)
+    R = rotary_dim (0: D), even, R <= D: channels R..D-1 pass through unchanged (partial rotary)
+
+    interleaved = 0 (HF Llama's rotate_half):  pairs (j, j + R/2)
+        y[..., :R] = x[..., :R] * C + cat(-x[..., R/2:R], x[..., :R/2]) * S
+    interleaved = 1 (GPT-J, ONNX interleaved): pairs (2i, 2i + 1)
+        y[..., 2i]   = x[2i] C[2i] - x[2i+1] S[2i],    y[..., 2i+1] = x[2i+1] C[2i+1] + x[2i] S[2i+1]
+    y[..., R:] = x[..., R:]
+
+C and S hold one value per rotated channel: W = R takes cos/sin as given (HF computes them per channel,
+cos = cat(freqs, freqs).cos()); W = R/2 holds one value per pair (ONNX RotaryEmbedding's caches), which
+channel j reads at j mod R/2 (half-split) or j // 2 (interleaved). Taking both widths and both ranks
+as the graph has them means no node is added in front of the op: HF's exports feed it the [B', 1, S, R]
+Unsqueeze that their decomposed form multiplies with; ONNX RotaryEmbedding its [B, S, R/2] caches.
+
+The function body computes it in stock ops without control flow, for every attribute value: the pair
+partner p(j) and its sign as int64 index arithmetic on Range(R), x[..., p(j)] by Gather, C by Gather of
+cos at its channel index. For the decomposed HF form it is the original's arithmetic, operand for
+operand (x * C + (-x2 | x1) * S), so a fused model on ORT CPU gives the original's bits.
+
+The kernel (ort_triton/kernels/rotary.py): one program per (s-block, head, batch) tile of BLOCK_S rows of
+BLOCK_D >= D channels, reading X once at the channels and once at their partners (the same cache lines),
+cos and sin at their channel index, math in fp32; D up to 256.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from ..contract import IO, Attr, Kernel, OpContract, Spec, attr_ref
+
+MAX_HEAD_DIM = 256
+BLOCK_DS = (32, 64, 128, 256)
+# Elements per program: BLOCK_S = TILE // BLOCK_D rows. 2048 (16 rows at D=128) spilled 8-24 bytes in the
+# fp16 aligned specs on sm_80/sm_90 at 4 warps (ptxas capped them at 80 registers); at 1024 none spills, and
+# a decode step (S = 1) leaves fewer rows of a tile idle. A first choice, to be swept on the GPU.
+TILE = 1024
+NUM_WARPS = 4
+
+KERNEL = Kernel(
+    module="ort_triton.kernels.rotary",
+    fn_name="rotary_fwd",
+    signature={"X": "*{T}", "COS": "*{T}", "SIN": "*{T}", "Y": "*{T}", "N": "i32", "S": "i32", "D": "i32",
+               "R": "i32", "cos_b": "i32", "cos_s": "i32", "per_pair": "i32", "interleaved": "i32"},
+    native_plan="ot_rotary_plan",
+    native_params="ot_rotary_params",
+    dispatch_keys=("head_dim", "aligned"),
+)
+
+
+def block_s(block_d: int) -> int:
+    return TILE // block_d
+
+
+def _specs(_type_name: str) -> list[Spec]:
+    """Per BLOCK_D (head dims up to it), two specs: the first where D and the cos/sin row width W are
+    multiples of 16 (then every row of X, Y, cos and sin starts 16-byte aligned: vector loads), the
+    second for any. The planner takes the first that fits. First choices, to be swept on the GPU."""
+    specs, lo = [], 1
+    for bd in BLOCK_DS:
+        for aligned in (1, 0):
+            specs.append(Spec(constexprs={"BLOCK_S": block_s(bd), "BLOCK_D": bd}, num_warps=NUM_WARPS,
+                              keys=((lo, bd), (aligned, 1)), consts=(block_s(bd), bd),
+                              divisible_by_16=("X", "COS", "SIN", "Y") + (("D", "cos_b", "cos_s") if aligned else ())))
+        lo = bd + 1
+    return specs
+
+
+def reference_rotary(x, cos, sin, interleaved=0, rotary_dim=0):
+    """float64 numpy reference, written as the two models write it (not as the body or kernel index it)."""
+    x = np.asarray(x, np.float64)
+    d = x.shape[-1]
+    r = int(rotary_dim) or d
+    cs = []
+    for t in (cos, sin):
+        t = np.asarray(t, np.float64)
+        t = t.reshape(t.shape[0], 1, t.shape[-2], t.shape[-1])  # [B', S', W] or [B', 1, S', W]
+        if t.shape[-1] * 2 == r:  # one value per pair
+            t = np.repeat(t, 2, axis=-1) if interleaved else np.concatenate([t, t], axis=-1)
+        assert t.shape[-1] == r, (t.shape, r)
+        cs.append(t)
+    c, s = cs
+    xr, xp = x[..., :r], x[..., r:]
+    if interleaved:
+        rot = np.stack([-xr[..., 1::2], xr[..., 0::2]], axis=-1).reshape(xr.shape)
+    else:
+        rot = np.concatenate([-xr[..., r // 2:], xr[..., : r // 2]], axis=-1)
+    return (np.concatenate([xr * c + rot * s, xp], axis=-1),)
+
+
+def _body(_opset: int) -> list[onnx.NodeProto]:
+    """Valid from opset 15 (Shape's start/end attributes, CastLike-free: every constant is int64 or taken
+    from the inputs). Index arithmetic on j = Range(R), see the module docstring."""
+    n = helper.make_node
+    ints = lambda name, vals: n("Constant", [], [name], value=helper.make_tensor(name, onnx.TensorProto.INT64,
+                                                                                 [len(vals)], vals))
+    scalar = lambda name, v: n("Constant", [], [name], value=helper.make_tensor(name, onnx.TensorProto.INT64, [], [v]))
+    r_attr = n("Constant", [], ["r_attr"])
+    r_attr.attribute.append(attr_ref("rotary_dim", onnx.AttributeProto.INT, name="value_int"))
+    il_attr = n("Constant", [], ["il_attr"])
+    il_attr.attribute.append(attr_ref("interleaved", onnx.AttributeProto.INT, name="value_int"))
+    return [
+        r_attr, il_attr, scalar("zero", 0), scalar("one", 1), scalar("two", 2),
+        ints("ax_last", [-1]), ints("start0", [0]), ints("end_max", [np.iinfo(np.int64).max]), ints("one1", [1]),
+        n("Cast", ["il_attr"], ["il"], to=onnx.TensorProto.BOOL),
+        # R: the attribute, D where it is 0
+        n("Shape", ["X"], ["d1"], start=-1), n("Squeeze", ["d1"], ["d"]),
+        n("Equal", ["r_attr", "zero"], ["r_default"]), n("Where", ["r_default", "d", "r_attr"], ["R"]),
+        n("Div", ["R", "two"], ["half"]), n("Reshape", ["R", "one1"], ["R1"]),
+        n("Range", ["zero", "R", "one"], ["j"]), n("Mod", ["j", "two"], ["j_odd"]),
+        # partner p(j), and whether it enters negated: where j's flag (second half / odd) is 0 (a Where on
+        # int64: ORT CPU has no boolean Where)
+        n("Add", ["j", "half"], ["j_up"]), n("Mod", ["j_up", "R"], ["p_half"]),             # (j + R/2) mod R
+        n("Add", ["j", "one"], ["j1"]), n("Mul", ["j_odd", "two"], ["j_odd2"]),
+        n("Sub", ["j1", "j_odd2"], ["p_pair"]),                                              # j xor 1
+        n("Div", ["j", "half"], ["j_high"]),                                                 # j >= R/2
+        n("Where", ["il", "p_pair", "p_half"], ["p"]), n("Where", ["il", "j_odd", "j_high"], ["flag"]),
+        n("Equal", ["flag", "zero"], ["neg"]),             # -x2 in the first half; -x[2i+1] at even j
+        # the cos/sin channel index: j, or one value per pair (W = R/2)
+        n("Shape", ["cos"], ["w1"], start=-1), n("Squeeze", ["w1"], ["w"]), n("Equal", ["w", "R"], ["per_channel"]),
+        n("Div", ["j", "two"], ["c_pair"]), n("Mod", ["j", "half"], ["c_half"]),
+        n("Where", ["il", "c_pair", "c_half"], ["c_of_pair"]), n("Where", ["per_channel", "j", "c_of_pair"], ["cidx"]),
+        # cos, sin -> [B', 1, S', W] (from rank 3 or 4), each by its own shape -> [B', 1, S', R]
+        *[node for t, out in (("cos", "C"), ("sin", "S")) for node in (
+            n("Shape", [t], [f"{t}_b"], end=1), n("Shape", [t], [f"{t}_sw"], start=-2),
+            n("Concat", [f"{t}_b", "one1", f"{t}_sw"], [f"{t}_shape"], axis=0),
+            n("Reshape", [t, f"{t}_shape"], [f"{t}4"]), n("Gather", [f"{t}4", "cidx"], [out], axis=-1))],
+        # y = x_r * C + rot(x_r) * S, then the channels past R unchanged
+        n("Slice", ["X", "start0", "R1", "ax_last"], ["xr"]), n("Slice", ["X", "R1", "end_max", "ax_last"], ["xp"]),
+        n("Gather", ["xr", "p"], ["xg"], axis=-1), n("Neg", ["xg"], ["xg_neg"]),
+        n("Where", ["neg", "xg_neg", "xg"], ["rot"]),
+        n("Mul", ["xr", "C"], ["xc"]), n("Mul", ["rot", "S"], ["rs"]), n("Add", ["xc", "rs"], ["yr"]),
+        n("Concat", ["yr", "xp"], ["Y"], axis=-1),
+    ]
+
+
+ROTARY = OpContract(
+    name="Rotary",
+    doc="Rotary position embedding on X [B, N, S, D] with cos, sin [B'(, 1), S', W], W = R or R/2; "
+        "interleaved 0: rotate_half pairs (j, j + R/2), 1: pairs (2i, 2i + 1); channels past R unchanged.",
+    inputs=(IO("X", "[B, N, S, D]"), IO("cos", "[B', S', W] or [B', 1, S', W]; B' in {1, B}, S' in {1, S}"),
+            IO("sin", "cos's shape")),
+    outputs=(IO("Y", "[B, N, S, D]"),),
+    attrs=(Attr("interleaved", "int", 0, "0: rotate_half (HF Llama), 1: adjacent pairs (GPT-J)"),
+           Attr("rotary_dim", "int", 0, "R, the rotated channels (even, <= D); 0: all of D")),
+    types=("float16", "bfloat16", "float"),
+    body=_body,
+    reference=reference_rotary,
+    kernel=KERNEL,
+    specializations=_specs,
+)
