@@ -20,8 +20,12 @@ from onnxscript.rewriter._rewrite_rule import RULE_NAME_TAG
 from ort_triton.contract import DOMAIN
 
 from . import attention as att
-from . import gelu
+from . import causal_attention as causal
+from . import gelu, gemm
 from . import layer_norm as ln
+from . import rms_norm as rms
+from . import rotary as rope
+from . import swiglu as swi
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +35,7 @@ class RuleInfo:
     stage: int
     make: Callable[[], list[pattern.RewriteRule]]
     commute: bool = False  # also try every operand order of commutative Add/Mul in the pattern
+    emits: str | None = None  # a rule that makes a standard op, not ours: the op type its matches are counted by
 
 
 RULES: tuple[RuleInfo, ...] = (
@@ -67,6 +72,32 @@ RULES: tuple[RuleInfo, ...] = (
              "MultiHeadAttention", 4, lambda: [att.OnnxAttention3dRule.rule("attention_onnx_3d")]),
     RuleInfo("attention_bias", "MultiHeadAttention(q, mk + ck, mv + cv) -> MultiHeadAttention(q, mk, mv, "
              "biases ck, cv)", 5, lambda: [att.AttentionBiasRule.rule("attention_bias")], commute=True),
+    RuleInfo("rms_norm", "RMSNormalization(x, g) (opset 23, last axis) -> RMSNorm", 1,
+             lambda: [rms.RMSNormalizationRule.rule("rms_norm")]),
+    RuleInfo("rms_norm_decomposed", "[Cast] x * 1/sqrt(mean(x^2) + eps) [Cast] * g -> RMSNorm", 1,
+             lambda: [rms.DecomposedRMSNormRule.rule("rms_norm_decomposed", axes_as_input=i, cast_in=ci,
+                                                     cast_out=co)
+                      for ci in (True, False) for co in (True, False) for i in (True, False)], commute=True),
+    RuleInfo("add_rms_norm", "RMSNorm(a + b) -> AddRMSNorm(a, b)", 3,
+             lambda: [rms.AddRMSNormRule.rule("add_rms_norm", through_cast=c) for c in (False, True)]),
+    RuleInfo("add_rms_norm_keep_sum", "RMSNorm(s = a + b), s used -> AddRMSNorm(a, b) -> (y, s)", 3,
+             lambda: [rms.AddRMSNormKeepSumRule.rule("add_rms_norm_keep_sum", through_cast=c) for c in (False, True)]),
+    RuleInfo("silu_mul", "Mul(g * Sigmoid(g), u) -> SiluMul(g, u) (SwiGLU)", 1,
+             lambda: [swi.SiluMulRule.rule("silu_mul")], commute=True),
+    RuleInfo("swish_mul", "Mul(Swish(g, alpha=1), u) (opset 24) -> SiluMul(g, u)", 1,
+             lambda: [swi.SwishMulRule.rule("swish_mul")], commute=True),
+    RuleInfo("rotary", "x * cos + cat(-x[..., D/2:], x[..., :D/2]) * sin -> Rotary", 1,
+             lambda: [rope.RotaryRule.rule("rotary")], commute=True),
+    RuleInfo("rotary_onnx", "RotaryEmbedding(x [B, N, S, D], cos, sin) (opset 23, no position_ids) -> Rotary", 1,
+             lambda: [rope.OnnxRotaryRule.rule("rotary_onnx")]),
+    RuleInfo("rotary_partial", "cat(Rotary(x[..., :R]), x[..., R:]) -> Rotary(x, rotary_dim=R)", 2,
+             lambda: [rope.PartialRotaryRule.rule("rotary_partial")]),
+    RuleInfo("causal_attention", "softmax(QK'^T*s + causal padding mask)V', GQA repeat_kv, heads merged -> "
+             "CausalAttention", 4, lambda: [causal.CausalAttentionRule.rule("causal_attention")]),
+    RuleInfo("causal_attention_onnx", "ONNX Attention(Q, K', V', causal padding mask) (opset 23), heads merged -> "
+             "CausalAttention", 4, lambda: [causal.CausalOnnxAttentionRule.rule("causal_attention_onnx")]),
+    RuleInfo("gemm_reshape", "Reshape(Gemm(Reshape(x, [-1, K]), W, b), [..., N]) -> MatMul(x, W) + b "
+             "(GPT-2's Conv1D)", 1, lambda: [gemm.GemmReshapeRule.rule("gemm_reshape")], emits="MatMul"),
 )
 BY_NAME = {r.name: r for r in RULES}
 
@@ -150,10 +181,16 @@ def select(only: list[str] | None = None, disable: list[str] | None = None) -> l
 
 
 def _tagged(graph: ir.Graph) -> collections.Counter:
-    """Nodes of our domain by the rule that made them. onnxscript tags each replacement node and merges
-    the tags of the nodes it replaced behind it ("add_layer_norm, layer_norm"): the first is the maker."""
-    return collections.Counter(n.metadata_props.get(RULE_NAME_TAG, "").split(",")[0].strip()
-                               for n in ir.traversal.RecursiveGraphIterator(graph) if n.domain == DOMAIN)
+    """Nodes of our domain (or of the op type a rule `emits`) by the rule that made them. onnxscript tags
+    each replacement node and merges the tags of the nodes it replaced behind it ("add_layer_norm,
+    layer_norm"): the first is the maker."""
+    counts = collections.Counter()
+    for n in ir.traversal.RecursiveGraphIterator(graph):
+        maker = n.metadata_props.get(RULE_NAME_TAG, "").split(",")[0].strip()
+        info = BY_NAME.get(maker)
+        if n.domain == DOMAIN or (info is not None and info.emits == n.op_type and n.domain in ("", "ai.onnx")):
+            counts[maker] += 1
+    return counts
 
 
 def apply_rules(model: ir.Model, rules: list[RuleInfo], progress=None) -> dict[str, RuleStats]:
@@ -177,6 +214,9 @@ def apply_rules(model: ir.Model, rules: list[RuleInfo], progress=None) -> dict[s
         rule_set.apply_to_model(model.clone(), tracer=tracer)  # a new graph; the tensors are shared
         before = _tagged(model.graph)  # nodes from an earlier optimize carry tags too
         rule_set.apply_to_model(model)
+        # a replacement goes where the matched root was; a node between the match's inputs and that root
+        # which reads a kept output (a Shape of the residual sum) then comes before its producer
+        model.graph.sort()
         after = _tagged(model.graph)
         for name in {owners[id(r)].name for r in staged[stage]}:
             matched[name] = max(0, after[name] - before[name])

@@ -1,0 +1,169 @@
+"""The Triton kernel behind CausalAttention (contract: ort_triton/ops/causal_attention.py): flash attention,
+forward only, causal with an offset, grouped-query, over a KV cache.
+
+One program takes BLOCK_M packed rows of one (batch b, KV head g). Row r stands for query i = r // G of
+query head h = g * G + r % G (G = Nq / Nkv), so the G heads that share a KV head read each K/V block
+once; in a decode step (S = 1) the M dimension is exactly those G heads. In base-2 units (exp2 is the
+hardware's exponential; log2(e) folded into the scale and the bias), per row
+
+    s_j = (q . k_j) * scale * log2(e) + key_bias_j * log2(e)   for j <= T - S + i (visible), else -inf
+    m = max_j s_j,   l = sum_j 2^(s_j - m),   y = sum_j 2^(s_j - m) v_j / l
+
+online over key blocks of BLOCK_N (state rescaled by 2^(m_old - m_new)), as kernels/attention.py does,
+whose `_attend` runs the key blocks every row of the tile sees whole. The tile's rows see keys up to
+T - S + i_hi (i_hi its last query); blocks past that are never visited (skipped, not masked), and only
+the blocks between T - S + i_lo + 1 (every row sees them) and that end carry the causal mask.
+
+Rows with no visible key left (l = 0: every key they see has key_bias -inf): 0, or with MEAN_ROWS the mean
+of V over all T keys (eager attention's meaning, see the contract), summed in one more pass over V that
+only a tile holding such a row runs. Finite biases saturate at -1e38 as in kernels/attention.py, so a
+row seeing only finfo.min keys is uniform over them, NaN-free. Rows past G * S and head-dim lanes past
+HEAD_DIM load 0 and are never stored. Offsets are int64.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..ops.attention import HEAD_DIMS
+from ..ops.causal_attention import block_config
+from .attention import _BIAS_FLOOR, _LOG2E, _attend
+
+
+@triton.jit
+def _attend_diagonal(q, k_ptrs, v_ptrs, kb_ptrs, start, T, last_key, offs_n, d_ok, m_i, l_i, acc, qk_scale,
+                     V_TY: tl.constexpr, prec: tl.constexpr):
+    """A key block that some rows of the tile see only in part: keys past T load masked (-inf bias), and
+    key j counts for row r only if j <= last_key[r] (= T - S + i of the row)."""
+    keys = start + offs_n
+    key_ok = keys < T
+    kv_mask = key_ok[:, None] & d_ok[None, :]
+    k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
+    v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+    kb = tl.load(kb_ptrs, mask=key_ok, other=float("-inf")).to(tl.float32)
+    kb = tl.where(kb == float("-inf"), kb, tl.maximum(kb, _BIAS_FLOOR)) * _LOG2E
+    s = tl.dot(q, tl.trans(k), input_precision=prec) * qk_scale + kb[None, :]
+    s = tl.where(keys[None, :] <= last_key[:, None], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # only -inf seen yet: p = 0, not NaN
+    p = tl.math.exp2(s - m_sub[:, None])
+    alpha = tl.math.exp2(m_i - m_sub)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(V_TY), v, acc * alpha[:, None], input_precision=prec)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def causal_attention_fwd(
+    Q, K, V, KB, Y, NQ, NKV, S, T, scale, MEAN_ROWS,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    # flat grid: cdiv(G * S, BLOCK_M) * B * NKV programs, the row block fastest (the programs of one KV
+    # head run side by side and share its K/V in L2)
+    pid = tl.program_id(0)
+    group = NQ // NKV
+    rows = group * S
+    num_m = tl.cdiv(rows, BLOCK_M)
+    bg = pid // num_m
+    m_blk = pid - bg * num_m
+    b = (bg // NKV).to(tl.int64)
+    g = (bg % NKV).to(tl.int64)
+    # ints may arrive as plain Python 1s (Triton's JIT specialises them): widen through int64 tensors
+    s_len = tl.full([], 0, tl.int64) + S
+    t_len = tl.full([], 0, tl.int64) + T
+    nq = tl.full([], 0, tl.int64) + NQ
+    mean_rows = tl.full([], 0, tl.int32) + MEAN_ROWS
+    prec: tl.constexpr = "tf32x3" if Q.dtype.element_ty == tl.float32 else "tf32"
+    MASK_D: tl.constexpr = BLOCK_D != HEAD_DIM
+
+    offs_r = m_blk * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    row_ok = offs_r < rows
+    qi = offs_r // group  # the query (of S) of each row
+    h = g * group + offs_r % group  # its query head
+    q_offs = ((b * nq + h) * s_len + qi)[:, None] * HEAD_DIM + offs_d[None, :]
+    q_mask = row_ok[:, None] & d_ok[None, :]
+    q = tl.load(Q + q_offs, mask=q_mask, other=0.0)
+
+    # this (b, g)'s K and V as scalar pointers, and one block's offsets within them (int32: a head holds
+    # T * D < 2^31 elements): the pointer tiles are rebuilt per block rather than carried through the loops,
+    # which would keep [BLOCK_N, BLOCK_D] 64-bit pointers live in registers (ptxas spilled them)
+    kv_head = (b * NKV + g) * t_len * HEAD_DIM
+    k_head, v_head = K + kv_head, V + kv_head
+    kb_row = KB + b * t_len
+    kv_tile = offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+    qk_scale = scale * _LOG2E
+
+    # keys every row of the tile sees: j < T - S + i_lo + 1; the tile's last visible key: T - S + i_hi
+    offset = T - S
+    i_lo = (m_blk * BLOCK_M) // group
+    i_hi = tl.minimum((m_blk * BLOCK_M + BLOCK_M - 1) // group, S - 1)
+    last_key = offset + qi
+    kv_end = offset + i_hi + 1
+    full_end = ((offset + i_lo + 1) // BLOCK_N) * BLOCK_N
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start in range(0, full_end, BLOCK_N):  # whole blocks, visible to every row: no causal mask
+        blk = kv_tile + start * HEAD_DIM
+        m_i, l_i, acc = _attend(q, k_head + blk, v_head + blk, kb_row + start + offs_n, start, T, offs_n, d_ok,
+                                m_i, l_i, acc, qk_scale, V.dtype.element_ty, False, MASK_D, prec)
+    for start in range(full_end, kv_end, BLOCK_N):  # the diagonal: causal mask and the key tail
+        blk = kv_tile + start * HEAD_DIM
+        m_i, l_i, acc = _attend_diagonal(q, k_head + blk, v_head + blk, kb_row + start + offs_n, start, T,
+                                         last_key, offs_n, d_ok, m_i, l_i, acc, qk_scale, V.dtype.element_ty, prec)
+
+    fill = tl.zeros([BLOCK_D], tl.float32)
+    empty = tl.sum(((l_i == 0.0) & row_ok).to(tl.int32), 0)
+    if (mean_rows != 0) & (empty > 0):  # a row that sees no key: the mean of V over all T keys
+        for start in range(0, T, BLOCK_N):
+            kv_mask = (start + offs_n < T)[:, None] & d_ok[None, :]
+            fill += tl.sum(tl.load(v_head + kv_tile + start * HEAD_DIM, mask=kv_mask, other=0.0).to(tl.float32), 0)
+        fill = fill / T
+    y = tl.where((l_i > 0.0)[:, None], acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None], fill[None, :])
+    y_offs = ((b * s_len + qi) * nq + h)[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(Y + y_offs, y.to(Y.dtype.element_ty), mask=q_mask)
+
+
+# ---- a torch entry point: the same kernel through Triton's JIT (tests, interpreter, GPU timing) -------
+def causal_attention(q, k, v, key_bias, scale, masked_rows=0, *, out=None, config: dict | None = None):
+    """Y [B, S, Nq*D] for q [B, Nq, S, D], k and v [B, Nkv, T, D] (T >= S, Nq % Nkv == 0), key_bias [B, T]
+    (all one dtype). `out` lets a test hand in a poisoned buffer; `config` overrides block_config's
+    BLOCK_M, BLOCK_N, num_warps, num_stages (tests use small blocks so several blocks run)."""
+    import torch
+
+    if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"causal_attention: dtype {q.dtype} not supported (float32, float16, bfloat16)")
+    if q.dim() != 4 or k.dim() != 4:
+        raise ValueError(f"causal_attention: q and k must be [B, N, S, D], got {list(q.shape)}, {list(k.shape)}")
+    b, nq, s, d = q.shape
+    nkv, t = k.shape[1], k.shape[2]
+    if d not in HEAD_DIMS:
+        raise ValueError(f"causal_attention: head dim {d} not supported (head dims {', '.join(map(str, HEAD_DIMS))})")
+    if k.shape[0] != b or k.shape[3] != d or nkv < 1 or nq % nkv:
+        raise ValueError(f"causal_attention: k {list(k.shape)} must be [B={b}, Nkv, T, D={d}] with Nkv dividing "
+                         f"Nq={nq}")
+    if t < s:
+        raise ValueError(f"causal_attention: the cache holds T={t} keys, fewer than the S={s} queries")
+    for name, x, shape in (("v", v, (b, nkv, t, d)), ("key_bias", key_bias, (b, t)), ("out", out, (b, s, nq * d))):
+        if x is not None and (tuple(x.shape) != shape or x.dtype != q.dtype or x.device != q.device):
+            raise ValueError(f"causal_attention: {name} must be {q.dtype} of shape {list(shape)} on {q.device}, "
+                             f"got {x.dtype} {list(x.shape)} on {x.device}")
+    if out is not None and not out.is_contiguous():
+        raise ValueError("causal_attention: out must be contiguous")
+    rows = (nq // nkv) * s
+    cfg = block_config(d, {torch.float32: "float", torch.float16: "float16", torch.bfloat16: "bfloat16"}[q.dtype],
+                       rows)
+    cfg.update(config or {})
+    q, k, v, key_bias = q.contiguous(), k.contiguous(), v.contiguous(), key_bias.contiguous()
+    y = out if out is not None else torch.empty((b, s, nq * d), dtype=q.dtype, device=q.device)
+    grid = (triton.cdiv(rows, cfg["BLOCK_M"]) * b * nkv,)
+    if grid[0]:
+        causal_attention_fwd[grid](q, k, v, key_bias, y, nq, nkv, s, t, float(scale), int(masked_rows),
+                                   HEAD_DIM=d, BLOCK_D=cfg["BLOCK_D"], BLOCK_M=cfg["BLOCK_M"],
+                                   BLOCK_N=cfg["BLOCK_N"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return y

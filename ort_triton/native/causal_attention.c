@@ -1,0 +1,186 @@
+/* causal_attention.c: planner and kernel parameters for CausalAttention (contract:
+ * ort_triton/ops/causal_attention.py; kernel: ort_triton/kernels/causal_attention.py).
+ *
+ * Inputs:  Q [B, Nq, S, D], K and V [B, Nkv, T, D] (T >= S, Nq % Nkv == 0), key_bias [B, T]
+ * Output:  Y [B, S, Nq * D]
+ * Attributes (contract order): scale, masked_rows (0 or 1).
+ * Dispatch keys: the head dim D (exact), the packed rows G * S of one program (G = Nq / Nkv): the decode spec
+ * for rows up to the contract's DECODE_ROWS, the prefill spec beyond. Spec consts = (BLOCK_M, BLOCK_N, HEAD_DIM).
+ * Grid: one flat axis of ceil(G * S / BLOCK_M) * B * Nkv programs, the row block fastest.
+ * The generic code (ort_triton.c) has already checked presence of inputs and element types. */
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ot_table.h"
+#include "planner_util.h"
+
+enum { IN_Q, IN_K, IN_V, IN_KEY_BIAS, N_INPUTS };
+enum { ATTR_SCALE, ATTR_MASKED_ROWS, N_ATTRS };
+enum { KEY_HEAD_DIM, KEY_ROWS, N_KEYS };
+enum { CONST_BLOCK_M, CONST_BLOCK_N, CONST_HEAD_DIM };
+
+static int check_rank4(const ot_op *op, const ot_desc *in, int index, const char *layout, char *err, size_t err_len) {
+  const ot_desc *d = &in[index];
+  char shape[160];
+  if (d->rank != 4) {
+    snprintf(err, err_len, "input %s has shape %s; it must have rank 4, %s", op->inputs[index].name,
+             ot_shape_text(d, shape, sizeof shape), layout);
+    return 1;
+  }
+  for (size_t i = 0; i < 4; i++) {
+    if (d->dims[i] < 0) {
+      snprintf(err, err_len, "input %s has a negative dimension", op->inputs[index].name);
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* "32, 40, 64" from the spec table (each head dim once, though it has a decode and a prefill spec). */
+static void supported_head_dims(const ot_op *op, char *buf, size_t len) {
+  size_t used = 0;
+  buf[0] = '\0';
+  int64_t last = -1;
+  for (int s = 0; s < op->n_specs && used < len; s++) {
+    const ot_spec *spec = &op->specs[s];
+    if (spec->n_keys != N_KEYS || spec->key_min[KEY_HEAD_DIM] == last) continue;
+    last = spec->key_min[KEY_HEAD_DIM];
+    used += (size_t)snprintf(buf + used, len - used, "%s%lld", used ? ", " : "", (long long)last);
+  }
+}
+
+int ot_causal_attention_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_outputs, const double *attrs,
+                             ot_plan *plan, char *err, size_t err_len) {
+  if (n_inputs != N_INPUTS || n_outputs != 1 || op->n_attrs != N_ATTRS) {
+    snprintf(err, err_len, "the kernel table gives this op %d inputs, %d outputs and %d attributes, the causal "
+                           "attention planner expects 4, 1 and 2; the library is inconsistent, rebuild it",
+             n_inputs, n_outputs, op->n_attrs);
+    return 1;
+  }
+  if (check_rank4(op, in, IN_Q, "[B, Nq, S, D]", err, err_len) ||
+      check_rank4(op, in, IN_K, "[B, Nkv, T, D]", err, err_len) ||
+      check_rank4(op, in, IN_V, "[B, Nkv, T, D]", err, err_len))
+    return 1;
+  const ot_desc *q = &in[IN_Q], *k = &in[IN_K], *v = &in[IN_V], *kb = &in[IN_KEY_BIAS];
+  const char *q_name = op->inputs[IN_Q].name, *k_name = op->inputs[IN_K].name;
+  char a[160], b[160];
+  if (memcmp(v->dims, k->dims, 4 * sizeof k->dims[0]) != 0) {
+    snprintf(err, err_len, "input %s has shape %s but input %s has shape %s; they must be equal",
+             op->inputs[IN_V].name, ot_shape_text(v, a, sizeof a), k_name, ot_shape_text(k, b, sizeof b));
+    return 1;
+  }
+  const int64_t batch = q->dims[0], nq = q->dims[1], s = q->dims[2], head_dim = q->dims[3];
+  const int64_t nkv = k->dims[1], t = k->dims[2];
+  if (k->dims[0] != batch || k->dims[3] != head_dim) {
+    snprintf(err, err_len, "input %s has shape %s but input %s has shape %s; they must agree in batch (dim 0) "
+                           "and head dim (dim 3)",
+             k_name, ot_shape_text(k, a, sizeof a), q_name, ot_shape_text(q, b, sizeof b));
+    return 1;
+  }
+  if (nkv < 1 || nq % nkv != 0) {
+    snprintf(err, err_len, "input %s has %lld query heads and input %s %lld key/value heads; the key/value heads "
+                           "must be at least 1 and divide the query heads (grouped-query attention)",
+             q_name, (long long)nq, k_name, (long long)nkv);
+    return 1;
+  }
+  if (t < s) {
+    snprintf(err, err_len, "input %s holds T=%lld keys (dim 2), fewer than the S=%lld queries of input %s; K and V "
+                           "must be the present cache, the new keys included",
+             k_name, (long long)t, (long long)s, q_name);
+    return 1;
+  }
+  if (kb->rank != 2 || kb->dims[0] != batch || kb->dims[1] != t) {
+    snprintf(err, err_len, "input %s has shape %s; it must be [%lld,%lld], [B, T] of inputs %s and %s",
+             op->inputs[IN_KEY_BIAS].name, ot_shape_text(kb, a, sizeof a), (long long)batch, (long long)t, q_name,
+             k_name);
+    return 1;
+  }
+  const double rows_attr = attrs[ATTR_MASKED_ROWS];
+  if (rows_attr != 0 && rows_attr != 1) {
+    snprintf(err, err_len, "attribute masked_rows=%g must be 0 (a row that sees no key is 0) or 1 (the mean of V)",
+             rows_attr);
+    return 1;
+  }
+  /* the kernel's int32 arithmetic: query heads, packed rows G * S and a block past them, a head's T * D
+   * elements and a block past them; Nq * D is the output's row */
+  const int64_t group = nq / nkv;
+  if (nq > INT32_MAX || s > INT32_MAX / 2 || t > INT32_MAX / 2 || (group > 0 && s > (INT32_MAX / 2) / group) ||
+      (t + 256) * head_dim > INT32_MAX || nq * head_dim > INT32_MAX) {
+    snprintf(err, err_len, "shapes Q %s, K %s are past this kernel's 32-bit indexing (G * S, T * D and Nq * D must "
+                           "stay under 2^31)",
+             ot_shape_text(q, a, sizeof a), ot_shape_text(k, b, sizeof b));
+    return 1;
+  }
+  const int64_t rows = group * s;
+  const int64_t keys[N_KEYS] = {head_dim, rows};
+  const ot_spec *spec = ot_find_spec(op, keys, N_KEYS);
+  if (!spec) {
+    char dims[256];
+    supported_head_dims(op, dims, sizeof dims);
+    if (!dims[0])
+      snprintf(err, err_len, "this library holds no kernels for this op; rebuild it with the op included");
+    else
+      snprintf(err, err_len, "head dim %lld (dim 3 of input %s) is not supported; this library has kernels for head "
+                             "dims %s (the rewriter should not have fused this node)",
+               (long long)head_dim, q_name, dims);
+    return 1;
+  }
+  const int64_t block_m = spec->consts[CONST_BLOCK_M], block_n = spec->consts[CONST_BLOCK_N];
+  if (block_m < 1 || block_n < 1 || block_n > 256 || spec->consts[CONST_HEAD_DIM] != head_dim) {
+    snprintf(err, err_len, "kernel %s has BLOCK_M=%lld, BLOCK_N=%lld, HEAD_DIM=%lld in the kernel table for head "
+                           "dim %lld; rebuild the library",
+             spec->kernel_name, (long long)block_m, (long long)block_n, (long long)spec->consts[CONST_HEAD_DIM],
+             (long long)head_dim);
+    return 1;
+  }
+  /* ceil(G * S / BLOCK_M) * B * Nkv programs, each factor checked before it multiplies */
+  const int64_t tiles = (rows + block_m - 1) / block_m;
+  int64_t programs = tiles;
+  const int64_t factors[2] = {batch, nkv};
+  for (int i = 0; i < 2; i++) {
+    if (programs > 0 && factors[i] > INT32_MAX / programs) {
+      snprintf(err, err_len, "the launch needs ceil(G * S / %lld) * B * Nkv = %lld * %lld * %lld programs, more "
+                             "than the %d a CUDA grid holds; split the batch",
+               (long long)block_m, (long long)tiles, (long long)batch, (long long)nkv, INT32_MAX);
+      return 1;
+    }
+    programs *= factors[i];
+  }
+
+  plan->spec = spec;
+  plan->grid[0] = (unsigned)programs; /* 0 for an empty batch or S = 0: the caller skips the launch */
+  plan->grid[1] = 1;
+  plan->grid[2] = 1;
+  ot_desc *y = &plan->outputs[0];
+  y->present = 1;
+  y->type = op->outputs[0].type;
+  y->rank = 3;
+  y->dims[0] = batch;
+  y->dims[1] = s;
+  y->dims[2] = nq * head_dim;
+  return 0;
+}
+
+int ot_causal_attention_params(const ot_op *op, const ot_plan *plan, const ot_desc *in, void *const *ptrs,
+                               const double *attrs, void *storage, void **params) {
+  (void)plan;
+  void *const pointers[5] = {ptrs[IN_Q], ptrs[IN_K], ptrs[IN_V], ptrs[IN_KEY_BIAS], ptrs[op->n_inputs]}; /* Y */
+  const int32_t nq = (int32_t)in[IN_Q].dims[1]; /* the plan checked these fit int32 */
+  const int32_t nkv = (int32_t)in[IN_K].dims[1];
+  const int32_t s = (int32_t)in[IN_Q].dims[2];
+  const int32_t t = (int32_t)in[IN_K].dims[2];
+  const float scale = (float)attrs[ATTR_SCALE];
+  const int32_t mean_rows = (int32_t)attrs[ATTR_MASKED_ROWS];
+
+  uint64_t *slot = storage;
+  int n = 0;
+  for (int i = 0; i < 5; i++) ot_put_param(slot, params, n++, &pointers[i], sizeof pointers[i]);
+  ot_put_param(slot, params, n++, &nq, sizeof nq);
+  ot_put_param(slot, params, n++, &nkv, sizeof nkv);
+  ot_put_param(slot, params, n++, &s, sizeof s);
+  ot_put_param(slot, params, n++, &t, sizeof t);
+  ot_put_param(slot, params, n++, &scale, sizeof scale);
+  ot_put_param(slot, params, n++, &mean_rows, sizeof mean_rows);
+  return n;
+}

@@ -1,0 +1,198 @@
+"""CausalAttention: decoder self-attention over a KV cache, grouped-query, causal with an offset.
+
+    Q [B, Nq, S, D]        the new queries, after rotary (the heads layout decoder graphs have)
+    K, V [B, Nkv, T, D]    the *present* cache: past keys/values and the S new ones (T >= S); Nq % Nkv == 0
+    key_bias [B, T]        additive per key: 0 keeps a key, -inf (or a large negative) drops it (padding)
+    Y [B, S, Nq*D]         the heads merged, as o_proj reads them
+
+    G = Nq / Nkv; query head h reads KV head h // G (grouped-query attention; the kernel never repeats K, V)
+    query i sits at absolute position T - S + i and sees the keys j <= T - S + i
+    s[b, h, i, j] = Q[b, h, i] . K[b, h // G, j] * scale + key_bias[b, j]   where visible, else -inf
+    Y[b, i, h*D:(h+1)*D] = softmax_j(s[b, h, i]) V[b, h // G]
+
+A query row whose every score is -inf (each key it sees is padding: a left-padded row's pad positions)
+has no softmax; exporters' graphs give it two different values, so the op has both, by `masked_rows`:
+- 0: the row is 0. torch's sdpa with a boolean mask (dynamo's export guards the softmax's NaN row with
+  IsNaN/Where -> 0);
+- 1: the row is the mean of V over all T keys. Eager attention adds finfo.min to every key a row may not
+  see, causal or padded alike; on a row that sees nothing every score is then finfo.min (a score is far
+  below its ulp), the softmax is uniform over all T keys, future ones included.
+The rewriter gives key_bias = -inf on padded keys for both (on a row with a kept key, exp(finfo.min - m)
+is 0 exactly as exp(-inf) is), so `masked_rows` alone carries the difference. A finite bias is still
+taken (kernels saturate it at -1e38, like MultiHeadAttention's): a row seeing only finfo.min keys is
+uniform over the keys it sees, which is what the body computes too.
+
+Why this layout: Q, K, V are taken where the graph has them ([B, N, S, D] after rotary; the present cache
+the graph must output anyway), Y where o_proj reads it, so the output Transpose + Reshape go away, and the
+exporters' [B, 1, S, T] causal+padding mask (a subgraph of aranges, comparisons and Where) is replaced by
+key_bias: the rewriter proves that mask is exactly causal-with-offset and padding (graph_rewrites/
+causal_attention.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from ..contract import IO, Attr, Kernel, OpContract, Spec, attr_ref
+from .attention import HEAD_DIMS
+
+
+def reference_causal_attention(q, k, v, key_bias, scale, masked_rows=0):
+    """float64 numpy reference in the contract's layout."""
+    q, k, v, kb = (np.asarray(a, np.float64) for a in (q, k, v, key_bias))
+    b, nq, s_len, d = q.shape
+    nkv, t_len = k.shape[1], k.shape[2]
+    g = nq // nkv
+    k, v = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)  # head h reads kv head h // g
+    s = q @ k.transpose(0, 1, 3, 2) * scale + kb[:, None, None, :]
+    visible = np.arange(t_len)[None, :] <= (t_len - s_len + np.arange(s_len))[:, None]
+    s = np.where(visible, s, -np.inf)
+    row_max = s.max(-1, keepdims=True)
+    p = np.exp(s - np.where(np.isfinite(row_max), row_max, 0.0))
+    total = p.sum(-1, keepdims=True)
+    empty = np.broadcast_to(total == 0, p.shape)
+    p = np.divide(p, total, out=np.zeros_like(p), where=total > 0)
+    if masked_rows:
+        p = np.where(empty, 1.0 / max(t_len, 1), p)
+    y = p @ v  # [B, Nq, S, D]
+    return (y.transpose(0, 2, 1, 3).reshape(b, s_len, nq * d),)
+
+
+def _body(_opset: int) -> list[onnx.NodeProto]:
+    """Opset 15 on. GQA without repeating K: Q [B, Nq, S, D] is viewed as [B, Nkv, G, S, D] and K, V get a
+    broadcast axis, [B, Nkv, 1, T, D], so one MatMul serves the G heads of a KV head."""
+    n = helper.make_node
+    i64 = lambda name, vals: n("Constant", [], [name], value=helper.make_tensor(name, onnx.TensorProto.INT64,
+                                                                                   [len(vals)], vals))
+    scalar = lambda name, val: n("Constant", [], [name], value=helper.make_tensor(name, onnx.TensorProto.INT64,
+                                                                                     [], [val]))
+    scale = n("Constant", [], ["scale_f"])
+    scale.attribute.append(attr_ref("scale", onnx.AttributeProto.FLOAT, name="value_float"))
+    rows = n("Constant", [], ["masked_rows_i"])
+    rows.attribute.append(attr_ref("masked_rows", onnx.AttributeProto.INT, name="value_int"))
+    return [
+        scale, rows,
+        i64("ax0", [0]), i64("ax1", [1]), i64("ax2", [2]), i64("ax4", [4]), i64("minus1", [-1]),
+        i64("ax123", [1, 2, 3]), scalar("zero", 0), scalar("one", 1),
+        n("Shape", ["Q"], ["q_shape"]), n("Shape", ["K"], ["k_shape"]),
+        n("Slice", ["q_shape", "ax0", "ax1"], ["batch"]), n("Slice", ["k_shape", "ax1", "ax2"], ["nkv"]),
+        n("Slice", ["q_shape", "ax2", "ax4"], ["s_d"]),
+        n("Concat", ["batch", "nkv", "minus1", "s_d"], ["grouped_shape"], axis=0),  # [B, Nkv, G, S, D]
+        n("Reshape", ["Q", "grouped_shape"], ["q5"]),
+        n("Unsqueeze", ["K", "ax2"], ["k5"]), n("Unsqueeze", ["V", "ax2"], ["v5"]),  # [B, Nkv, 1, T, D]
+        n("Transpose", ["k5"], ["k5t"], perm=[0, 1, 2, 4, 3]),
+        n("CastLike", ["scale_f", "Q"], ["scale_t"]),
+        n("MatMul", ["q5", "k5t"], ["qk"]), n("Mul", ["qk", "scale_t"], ["scores"]),  # [B, Nkv, G, S, T]
+        n("Unsqueeze", ["key_bias", "ax123"], ["bias5"]),  # [B, 1, 1, 1, T]
+        n("Add", ["scores", "bias5"], ["biased"]),
+        # causal with offset: query i (of S) sees key j (of T) iff j <= T - S + i
+        n("Gather", ["q_shape", "ax2"], ["s_len1"], axis=0), n("Gather", ["k_shape", "ax2"], ["t_len1"], axis=0),
+        n("Squeeze", ["s_len1", "ax0"], ["s_len"]), n("Squeeze", ["t_len1", "ax0"], ["t_len"]),
+        n("Range", ["zero", "s_len", "one"], ["q_idx"]), n("Range", ["zero", "t_len", "one"], ["k_idx"]),
+        n("Sub", ["t_len", "s_len"], ["offset"]), n("Add", ["q_idx", "offset"], ["q_pos"]),
+        n("Unsqueeze", ["q_pos", "minus1"], ["q_col"]),  # [S, 1]
+        n("LessOrEqual", ["k_idx", "q_col"], ["visible"]),  # [S, T]
+        n("Constant", [], ["ninf_f"], value_float=float("-inf")), n("CastLike", ["ninf_f", "Q"], ["ninf_t"]),
+        n("Where", ["visible", "biased", "ninf_t"], ["logits"]),
+        n("Softmax", ["logits"], ["probs"], axis=-1),
+        # a row of only -inf: softmax gives NaN; the op gives 0 (masked_rows 0) or 1/T (masked_rows 1)
+        n("Cast", ["masked_rows_i"], ["rows_f"], to=onnx.TensorProto.FLOAT),
+        n("Cast", ["t_len"], ["t_f"], to=onnx.TensorProto.FLOAT),
+        n("Div", ["rows_f", "t_f"], ["fill_f"]), n("CastLike", ["fill_f", "Q"], ["fill_t"]),
+        n("IsNaN", ["probs"], ["nan_rows"]), n("Where", ["nan_rows", "fill_t", "probs"], ["probs_ok"]),
+        n("MatMul", ["probs_ok", "v5"], ["o5"]),  # [B, Nkv, G, S, D]
+        n("Shape", ["o5"], ["o_shape"]),
+        n("Slice", ["o_shape", "ax0", "ax1"], ["o_batch"]),
+        n("Concat", ["o_batch", "minus1", "s_d"], ["heads_shape"], axis=0),  # [B, Nq, S, D]
+        n("Reshape", ["o5", "heads_shape"], ["o4"]),
+        n("Transpose", ["o4"], ["o3"], perm=[0, 2, 1, 3]),
+        i64("merge", [0, 0, -1]),
+        n("Reshape", ["o3", "merge"], ["Y"]),
+    ]
+
+
+# The kernel: ort_triton/kernels/causal_attention.py. One program takes BLOCK_M rows of one (batch b, KV
+# head g): the G query heads that read g and the S queries, packed as row r = i * G + (h - g * G), so a
+# decode step (S = 1) fills the M dimension with the G heads and reads its KV head once, and a prefill
+# reads each K/V block once for G heads. Key blocks past the tile's last visible key are not visited;
+# those wholly visible to every row of the tile load without a causal mask. The grid is one flat axis of
+# ceil(G * S / BLOCK_M) * B * Nkv programs, the row block fastest.
+KERNEL = Kernel(
+    module="ort_triton.kernels.causal_attention",
+    fn_name="causal_attention_fwd",
+    signature={"Q": "*{T}", "K": "*{T}", "V": "*{T}", "KB": "*{T}", "Y": "*{T}",
+               "NQ": "i32", "NKV": "i32", "S": "i32", "T": "i32", "scale": "fp32", "MEAN_ROWS": "i32"},
+    native_plan="ot_causal_attention_plan",
+    native_params="ot_causal_attention_params",
+    dispatch_keys=("head_dim", "rows"),
+)
+
+# Packed rows (G * S) up to this take the decode spec: BLOCK_M = 16 (tl.dot's least), long key blocks.
+DECODE_ROWS = 16
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) by (decode or prefill, element kind, BLOCK_D). First choices,
+# to be swept on the H200; each checked with ptxas (Triton 3.6) for no spills on sm_80 and sm_90
+# (tests/aot: test_register_budget covers MultiHeadAttention's; this kernel's were read the same way).
+# Prefill starts from MultiHeadAttention's tiles; at BLOCK_D = 64 its 4 warps spill here (the causal
+# row indices are live too), so 8. fp32 dots are 3xTF32, which holds each operand twice: small tiles
+# (BLOCK_D = 128 spilled 144 bytes at 32 x 32). Left: 8 bytes in the fp16 decode specs at head
+# dim 40 (sm_90) and 80 (sm_80).
+_CONFIGS = {
+    ("decode", "half", 32): (16, 64, 4, 2),
+    ("decode", "half", 64): (16, 64, 4, 2),
+    ("decode", "half", 128): (16, 64, 4, 2),
+    ("decode", "float", 32): (16, 32, 4, 2),
+    ("decode", "float", 64): (16, 32, 4, 2),
+    ("decode", "float", 128): (16, 32, 8, 2),
+    ("prefill", "half", 32): (128, 64, 4, 2),
+    ("prefill", "half", 64): (128, 64, 8, 2),
+    ("prefill", "half", 128): (128, 32, 8, 2),
+    ("prefill", "float", 32): (32, 32, 4, 2),
+    ("prefill", "float", 64): (32, 32, 4, 2),
+    ("prefill", "float", 128): (16, 32, 8, 2),
+}
+
+
+def block_config(head_dim: int, type_name: str, rows: int) -> dict:
+    """Tiles and launch options for a head dim, element type and packed row count G * S (the decode tiles
+    for rows <= DECODE_ROWS). BLOCK_D is the head dim rounded up to a power of two (masked lanes)."""
+    block_d = max(16, 1 << (head_dim - 1).bit_length())
+    kind = ("decode" if rows <= DECODE_ROWS else "prefill", "float" if type_name == "float" else "half", block_d)
+    block_m, block_n, warps, stages = _CONFIGS[kind]
+    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=warps, num_stages=stages)
+
+
+def _specs(type_name: str) -> list[Spec]:
+    """Per head dim: the decode spec (rows 0..DECODE_ROWS), then the prefill spec (any more rows)."""
+    specs = []
+    for d in HEAD_DIMS:
+        for lo, hi in ((0, DECODE_ROWS), (DECODE_ROWS + 1, 1 << 62)):
+            cfg = block_config(d, type_name, hi)
+            specs.append(Spec(
+                constexprs={"HEAD_DIM": d, "BLOCK_D": cfg["BLOCK_D"], "BLOCK_M": cfg["BLOCK_M"],
+                            "BLOCK_N": cfg["BLOCK_N"]},
+                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+                keys=((d, d), (lo, hi)),
+                consts=(cfg["BLOCK_M"], cfg["BLOCK_N"], d),
+                divisible_by_16=("Q", "K", "V", "KB", "Y"),
+            ))
+    return specs
+
+
+CAUSAL_ATTENTION = OpContract(
+    name="CausalAttention",
+    doc="Y[b, i, h*D:(h+1)*D] = softmax_j(Q[b,h,i] . K[b,h//G,j] * scale + key_bias[b,j], j <= T-S+i) "
+        "V[b,h//G]; Q [B, Nq, S, D], K/V [B, Nkv, T, D] (the present cache), key_bias [B, T], Y [B, S, Nq*D]; "
+        "a row with no key: 0 (masked_rows=0) or the mean of V (1).",
+    inputs=(IO("Q", "[B, Nq, S, D]"), IO("K", "[B, Nkv, T, D], T >= S"), IO("V", "[B, Nkv, T, D]"),
+            IO("key_bias", "[B, T], additive per key")),
+    outputs=(IO("Y", "[B, S, Nq*D]"),),
+    attrs=(Attr("scale", "float", 1.0, "multiplies Q K^T (1/sqrt(D) usually)"),
+           Attr("masked_rows", "int", 0, "a row that sees no key: 0 gives 0, 1 the mean of V over all T keys")),
+    types=("float16", "bfloat16", "float"),
+    body=_body,
+    reference=reference_causal_attention,
+    kernel=KERNEL,
+    specializations=_specs,
+)

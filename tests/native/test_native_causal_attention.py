@@ -1,0 +1,134 @@
+"""The CausalAttention planner (ort_triton/native/causal_attention.c) through the library's test hooks, on any
+machine (no GPU needed): which spec and grid a node gets, and the message for every input it refuses."""
+
+import ctypes
+import re
+
+import pytest
+
+from ort_triton.ops.attention import HEAD_DIMS
+from ort_triton.ops.causal_attention import DECODE_ROWS, block_config
+
+FLOAT, FLOAT16, BFLOAT16 = 1, 10, 16
+TYPE_NAMES = {FLOAT: "float", FLOAT16: "float16", BFLOAT16: "bfloat16"}
+OP = "CausalAttention"
+
+
+@pytest.fixture
+def lib(native_library):
+    lib = ctypes.CDLL(str(native_library))
+    lib.ort_triton_plan_attrs.argtypes = [
+        ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
+        ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int64), ctypes.c_int, ctypes.c_int,
+        ctypes.POINTER(ctypes.c_double), ctypes.c_char_p, ctypes.c_size_t,
+    ]
+    lib.ort_triton_spec_info.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+    lib.ort_triton_op_name.restype = ctypes.c_char_p
+    return lib
+
+
+def shapes(b, nq, nkv, s, t, d):
+    return [[b, nq, s, d], [b, nkv, t, d], [b, nkv, t, d], [b, t]]
+
+
+def plan(lib, inputs, masked_rows=0, elem_type=FLOAT16, arch=90):
+    n = len(inputs)
+    msg = ctypes.create_string_buffer(1024)
+    rc = lib.ort_triton_plan_attrs(OP.encode(), elem_type, arch, n, (ctypes.c_int * n)(*[1] * n),
+                                   (ctypes.c_int * n)(*map(len, inputs)),
+                                   (ctypes.c_int64 * sum(map(len, inputs)))(*[d for s in inputs for d in s]), 1, 2,
+                                   (ctypes.c_double * 2)(0.125, masked_rows), msg, len(msg))
+    return rc, msg.value.decode()
+
+
+def parse(msg):
+    m = re.fullmatch(r"kernel=(\S+) arch=(\d+) grid=(\d+),(\d+),(\d+) block=(\d+) shared=(\d+) spec=(\d+)", msg)
+    assert m, msg
+    return [int(v) for v in m.groups()[1:]]
+
+
+@pytest.mark.parametrize("elem_type", [FLOAT, FLOAT16, BFLOAT16])
+def test_table_holds_a_decode_and_a_prefill_spec_per_head_dim(lib, elem_type):
+    i = next(i for i in range(lib.ort_triton_num_ops())
+             if lib.ort_triton_op_name(i).decode() == OP and lib.ort_triton_op_type(i) == elem_type)
+    msg = ctypes.create_string_buffer(1024)
+    keys = []
+    for s in range(lib.ort_triton_num_specs(i)):
+        assert lib.ort_triton_spec_info(i, s, msg, len(msg)) == 0
+        keys.append(re.match(r"kernel=causal_attention_fwd keys=(\S+)", msg.value.decode()).group(1))
+    ranges = ((0, DECODE_ROWS), (DECODE_ROWS + 1, 1 << 62))
+    assert keys == [f"{d}:{d},{lo}:{hi}" for d in HEAD_DIMS for lo, hi in ranges]
+
+
+@pytest.mark.parametrize("elem_type", [FLOAT, FLOAT16, BFLOAT16])
+@pytest.mark.parametrize("nq, nkv, s, t", [(32, 8, 1, 4096), (4, 1, 4, 9), (4, 1, 5, 9), (32, 8, 512, 512),
+                                           (12, 12, 1, 100), (12, 12, 37, 70)])
+@pytest.mark.parametrize("d", [64, 128])
+def test_plan_packs_the_group_into_rows(lib, elem_type, nq, nkv, s, t, d):
+    """rows = G * S picks the decode spec up to DECODE_ROWS; the grid is ceil(rows / BLOCK_M) * B * Nkv."""
+    b = 3
+    rc, msg = plan(lib, shapes(b, nq, nkv, s, t, d), elem_type=elem_type)
+    assert rc == 0, msg
+    arch, gx, gy, gz, block, shared, spec = parse(msg)
+    rows = nq // nkv * s
+    cfg = block_config(d, TYPE_NAMES[elem_type], rows)
+    assert spec == 2 * HEAD_DIMS.index(d) + (rows > DECODE_ROWS)
+    assert arch == 90 and (gy, gz) == (1, 1)
+    assert gx == -(-rows // cfg["BLOCK_M"]) * b * nkv
+    assert block == 32 * cfg["num_warps"] and 0 < shared <= 227 * 1024
+
+
+@pytest.mark.parametrize("b, s, t", [(0, 4, 8), (2, 0, 8), (2, 0, 0)])
+def test_empty_batch_or_queries_plan_an_empty_grid(lib, b, s, t):
+    rc, msg = plan(lib, shapes(b, 8, 2, s, t, 64))
+    assert rc == 0, msg
+    assert parse(msg)[1] == 0
+
+
+@pytest.mark.parametrize("masked_rows", [0, 1])
+def test_both_meanings_of_rows_without_keys_plan(lib, masked_rows):
+    rc, msg = plan(lib, shapes(2, 8, 2, 5, 9, 64), masked_rows=masked_rows)
+    assert rc == 0, msg
+
+
+@pytest.mark.parametrize(
+    "inputs, masked_rows, expected",
+    [
+        (shapes(2, 4, 2, 5, 9, 48), 0,
+         "ort_triton CausalAttention (float16): head dim 48 (dim 3 of input Q) is not supported; this library has "
+         "kernels for head dims 32, 40, 64, 80, 96, 128"),
+        (shapes(2, 4, 3, 5, 9, 64), 0,
+         "input Q has 4 query heads and input K 3 key/value heads; the key/value heads must be at least 1 and divide"),
+        (shapes(2, 4, 0, 5, 9, 64), 0, "input K 0 key/value heads"),
+        (shapes(2, 4, 2, 5, 4, 64), 0, "input K holds T=4 keys (dim 2), fewer than the S=5 queries of input Q"),
+        ([[2, 4, 5, 64], [2, 2, 9, 64], [2, 2, 8, 64], [2, 9]], 0,
+         "input V has shape [2,2,8,64] but input K has shape [2,2,9,64]; they must be equal"),
+        ([[2, 4, 5, 64], [3, 2, 9, 64], [3, 2, 9, 64], [3, 9]], 0,
+         "input K has shape [3,2,9,64] but input Q has shape [2,4,5,64]; they must agree in batch"),
+        ([[2, 4, 5, 64], [2, 2, 9, 32], [2, 2, 9, 32], [2, 9]], 0, "and head dim (dim 3)"),
+        ([[2, 4, 5, 64], [2, 2, 9, 64], [2, 2, 9, 64], [2, 5]], 0,
+         "input key_bias has shape [2,5]; it must be [2,9], [B, T] of inputs Q and K"),
+        ([[2, 4, 5, 64], [2, 2, 9, 64], [2, 2, 9, 64], [2, 1, 1, 9]], 0, "input key_bias has shape [2,1,1,9]"),
+        ([[2, 5, 256], [2, 2, 9, 64], [2, 2, 9, 64], [2, 9]], 0,
+         "input Q has shape [2,5,256]; it must have rank 4, [B, Nq, S, D]"),
+        ([[2, 4, 5, 64], [2, 9, 128], [2, 9, 128], [2, 9]], 0, "input K has shape [2,9,128]; it must have rank 4"),
+        ([[2, 4, -1, 64], [2, 2, 9, 64], [2, 2, 9, 64], [2, 9]], 0, "input Q has a negative dimension"),
+        (shapes(2, 4, 2, 5, 9, 64), 2, "attribute masked_rows=2 must be 0"),
+        (shapes(1, 4, 2, 5, 1 << 25, 128), 0, "past this kernel's 32-bit indexing"),
+        (shapes(1, 1 << 20, 1, 1 << 12, 1 << 12, 64), 0, "past this kernel's 32-bit indexing"),
+        (shapes(1 << 18, 64, 64, 1 << 14, 1 << 14, 64), 0,
+         "the launch needs ceil(G * S / 128) * B * Nkv = 128 * 262144 * 64 programs, more than the 2147483647"),
+    ],
+)
+def test_plan_errors(lib, inputs, masked_rows, expected):
+    rc, msg = plan(lib, inputs, masked_rows=masked_rows)
+    assert rc != 0 and expected in msg, msg
+
+
+def test_missing_key_bias_is_refused(lib):
+    msg = ctypes.create_string_buffer(1024)
+    rc = lib.ort_triton_plan_attrs(OP.encode(), FLOAT16, 90, 4, (ctypes.c_int * 4)(1, 1, 1, 0),
+                                   (ctypes.c_int * 4)(4, 4, 4, 0),
+                                   (ctypes.c_int64 * 12)(2, 4, 5, 64, *[2, 2, 9, 64] * 2), 1, 2,
+                                   (ctypes.c_double * 2)(0.125, 0), msg, len(msg))
+    assert rc != 0 and "required input key_bias is missing" in msg.value.decode()

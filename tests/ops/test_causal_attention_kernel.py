@@ -1,0 +1,222 @@
+"""The CausalAttention kernel under Triton's interpreter on the CPU (natively on a GPU), against the float64
+reference.
+
+Queries S in {1, 5, 17} over caches T in {S, S + 7, 40}, Nq/Nkv in {4/4, 4/2, 4/1} (rows of G heads packed
+into one program), head dims 32 and 64 with small blocks (several key blocks, the causal diagonal, a
+partial tail), every head dim with the library's own blocks, padded keys (left padding, so padded query
+rows see no key at all) in both meanings of such rows, and the function body on ORT CPU against the same
+reference. Outputs are poisoned with NaN before each run.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+from ort_triton.contract import DOMAIN
+from ort_triton.kernels.causal_attention import causal_attention
+from ort_triton.ops.attention import HEAD_DIMS
+from ort_triton.ops.causal_attention import CAUSAL_ATTENTION, DECODE_ROWS, block_config, reference_causal_attention
+
+DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"  # conftest decides
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+TOL = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 2e-2}
+SMALL = dict(BLOCK_M=16, BLOCK_N=16, num_warps=4)
+F = lambda t: t.to(torch.float64).cpu().numpy()
+
+
+def _inputs(b, nq, nkv, s, t, d, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    r = lambda *shape: torch.randn(shape, generator=gen, dtype=torch.float64)
+    return [x.to(dtype).to(DEVICE) for x in (r(b, nq, s, d), r(b, nkv, t, d), r(b, nkv, t, d))]
+
+
+def _padding(b, t, dtype, low, pads, seed=0):
+    """key_bias [B, T]: row i has pads[i] leading padded keys (left padding, as generation batches have),
+    small random biases elsewhere."""
+    rng = np.random.default_rng(seed)
+    kb = rng.uniform(-0.5, 0.5, (b, t))
+    for i, p in enumerate(pads):
+        kb[i, :p] = low
+    return torch.from_numpy(kb).to(dtype).to(DEVICE)
+
+
+def _run(q, k, v, kb, scale, masked_rows=0, config=None):
+    b, nq, s, d = q.shape
+    out = torch.full((b, s, nq * d), float("nan"), dtype=q.dtype, device=DEVICE)
+    y = causal_attention(q, k, v, kb, scale, masked_rows, out=out, config=config)
+    assert y is out
+    return F(y)
+
+
+def _check(got, q, k, v, kb, scale, masked_rows, dtype):
+    (want,) = reference_causal_attention(F(q), F(k), F(v), F(kb), scale, masked_rows)
+    assert np.isfinite(got).all(), "unwritten (NaN) or non-finite elements"
+    err = np.abs(got - want).max() / max(np.abs(want).max(), 1e-6)
+    assert err < TOL[dtype], f"rel err {err:.2e} > {TOL[dtype]:.0e}"
+    return want
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("nq, nkv", [(4, 4), (4, 2), (4, 1)])
+@pytest.mark.parametrize("s, extra", [(1, 0), (1, 7), (1, 39), (5, 0), (5, 7), (5, 35), (17, 0), (17, 7), (17, 23)])
+@pytest.mark.parametrize("d", [32, 64])
+def test_causal_gqa_over_a_cache(dtype, nq, nkv, s, extra, d):
+    """T = S + extra (extra = past length: 0, 7, and up to T = 40); blocks of 16 so that the full blocks,
+    the diagonal and the key tail all run; the last batch row padded on its first 3 keys (-inf)."""
+    t = s + extra
+    q, k, v = _inputs(2, nq, nkv, s, t, d, dtype, seed=s * 100 + t + nkv)
+    kb = _padding(2, t, dtype, float("-inf"), [0, min(3, t - 1)], seed=t)
+    scale = 1.5 * d**-0.5  # sharp: the running max must be tracked across blocks
+    _check(_run(q, k, v, kb, scale, 0, SMALL), q, k, v, kb, scale, 0, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("nq, nkv, s, t", [(4, 1, 1, 21), (8, 2, 9, 9), (2, 2, 19, 40)])
+def test_every_head_dim_with_the_library_blocks(dtype, d, nq, nkv, s, t):
+    """block_config's tiles (decode for G * S <= 16, else the prefill ones)."""
+    q, k, v = _inputs(2, nq, nkv, s, t, d, dtype, seed=d + s)
+    kb = _padding(2, t, dtype, float("-inf"), [0, 2], seed=d)
+    _check(_run(q, k, v, kb, d**-0.5), q, k, v, kb, d**-0.5, 0, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("masked_rows", [0, 1])
+@pytest.mark.parametrize("nq, nkv, s, t", [(4, 2, 17, 17), (4, 1, 5, 12), (4, 4, 1, 40), (4, 2, 17, 40)])
+def test_fully_padded_query_rows(dtype, masked_rows, nq, nkv, s, t):
+    """Left padding longer than the past: the first queries of a row see only padded keys (-inf). They
+    are 0 (masked_rows 0, sdpa's graph) or the mean of V over all T keys (1, eager's graph). A row that is
+    padding throughout, too."""
+    d = 32
+    q, k, v = _inputs(3, nq, nkv, s, t, d, dtype, seed=t + masked_rows)
+    pads = [t - s + min(3, s - 1) + 1, 0, t]  # row 0: its first few queries see nothing; row 2: nothing at all
+    kb = _padding(3, t, dtype, float("-inf"), pads, seed=s)
+    got = _run(q, k, v, kb, d**-0.5, masked_rows, SMALL)
+    _check(got, q, k, v, kb, d**-0.5, masked_rows, dtype)
+    blind = got.reshape(3, s, nq, d)[0, : min(3, s - 1) + 1]  # row 0's queries that see no key
+    if masked_rows == 0:
+        assert (blind == 0).all() and (got[2] == 0).all()
+    else:
+        mean = np.repeat(F(v).mean(2), nq // nkv, axis=1)  # [B, Nq, D]
+        assert np.abs(blind - mean[0][None]).max() < TOL[dtype] * np.abs(mean).max()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_finfo_min_padding_is_finite(dtype):
+    """finfo.min as the bias (a finite fill, which the kernel saturates): rows with a kept key drop the
+    padded ones exactly; a row that sees only finfo.min keys is uniform over them, as the reference."""
+    nq, nkv, s, t, d = 4, 2, 6, 13, 32
+    q, k, v = _inputs(2, nq, nkv, s, t, d, dtype, seed=5)
+    kb = _padding(2, t, dtype, torch.finfo(dtype).min, [t - s + 3, 1], seed=2)
+    _check(_run(q, k, v, kb, d**-0.5, 0, SMALL), q, k, v, kb, d**-0.5, 0, dtype)
+
+
+def test_more_queries_than_one_block_of_heads():
+    """G * S just above the decode threshold takes the prefill tiles; at the threshold the decode ones."""
+    assert block_config(64, "float16", DECODE_ROWS)["BLOCK_M"] == 16
+    assert block_config(64, "float16", DECODE_ROWS + 1)["BLOCK_M"] > 16
+    for s in (4, 5):  # G = 4: 16 and 20 rows
+        q, k, v = _inputs(1, 8, 2, s, 30, 64, torch.float32, seed=s)
+        kb = torch.zeros(1, 30, device=DEVICE)
+        _check(_run(q, k, v, kb, 0.125), q, k, v, kb, 0.125, 0, torch.float32)
+
+
+def test_empty_batch_and_no_queries_launch_nothing():
+    for b, s, t in ((0, 3, 5), (2, 0, 4)):
+        q, k, v = _inputs(b, 4, 2, s, t, 32, torch.float32, seed=0)
+        y = causal_attention(q, k, v, torch.zeros(b, t, device=DEVICE), 0.1)
+        assert y.shape == (b, s, 4 * 32)
+
+
+def test_bad_shapes_are_refused():
+    q, k, v = _inputs(2, 4, 2, 5, 9, 32, torch.float32, seed=0)
+    kb = torch.zeros(2, 9, device=DEVICE)
+    with pytest.raises(ValueError, match="fewer than the S=5 queries"):
+        causal_attention(q, k[:, :, :4], v[:, :, :4], kb[:, :4], 0.1)
+    q3, k3, v3 = _inputs(2, 4, 3, 5, 9, 32, torch.float32, seed=0)
+    with pytest.raises(ValueError, match="Nkv dividing Nq=4"):
+        causal_attention(q3, k3, v3, kb, 0.1)
+    q48, k48, v48 = _inputs(2, 4, 2, 5, 9, 48, torch.float32, seed=0)
+    with pytest.raises(ValueError, match="head dim 48 not supported"):
+        causal_attention(q48, k48, v48, kb, 0.1)
+    with pytest.raises(ValueError, match="key_bias must be"):
+        causal_attention(q, k, v, kb[:, :5], 0.1)
+
+
+# ---- the function body on ORT CPU: the contract's meaning, against the same reference --------------
+def _body_model(opset, b, nq, nkv, s, t, d, scale, masked_rows):
+    names, shapes = ["Q", "K", "V", "key_bias"], [[b, nq, s, d], [b, nkv, t, d], [b, nkv, t, d], [b, t]]
+    node = helper.make_node(CAUSAL_ATTENTION.name, names, ["Y"], domain=DOMAIN, scale=scale, masked_rows=masked_rows)
+    g = helper.make_graph([node], "ca", [helper.make_tensor_value_info(n, TensorProto.FLOAT, sh)
+                                          for n, sh in zip(names, shapes)],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [b, s, nq * d])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(DOMAIN, 1)],
+                          functions=[CAUSAL_ATTENTION.function_proto(opset)], ir_version=9)
+    onnx.checker.check_model(m)
+    return m
+
+
+@pytest.mark.parametrize("opset", [15, 16, 17, 18, 20, 23])
+@pytest.mark.parametrize("masked_rows", [0, 1])
+@pytest.mark.parametrize("nq, nkv, s, t", [(4, 4, 5, 5), (4, 2, 1, 12), (4, 1, 5, 12), (6, 2, 17, 40)])
+def test_function_body_matches_the_reference(opset, masked_rows, nq, nkv, s, t):
+    d, b = 32, 3
+    rng = np.random.default_rng(t)
+    q, k, v = rng.normal(size=(b, nq, s, d)), rng.normal(size=(b, nkv, t, d)), rng.normal(size=(b, nkv, t, d))
+    kb = np.zeros((b, t))
+    kb[0, : t - s + 2] = -np.inf  # its first two queries see nothing
+    kb[1, :] = -np.inf
+    kb[2, 1] = -3.0
+    feeds = {n: a.astype(np.float32) for n, a in zip(["Q", "K", "V", "key_bias"], (q, k, v, kb))}
+    sess = ort.InferenceSession(_body_model(opset, b, nq, nkv, s, t, d, 0.2, masked_rows).SerializeToString(),
+                                providers=["CPUExecutionProvider"])
+    (got,) = sess.run(None, feeds)
+    (want,) = reference_causal_attention(*feeds.values(), 0.2, masked_rows)
+    assert got.shape == (b, s, nq * d) and np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+# ---- registers: no spills in the specs Llama-sized models run (head dims 64, 128), Ampere and Hopper ------
+_SPILL_SCRIPT = r"""
+import json, pathlib, re, subprocess, sys
+import triton
+from ort_triton.aot.compile import Job, compile_job
+from ort_triton.ops import CAUSAL_ATTENTION as OP
+arch, out = int(sys.argv[1]), pathlib.Path(sys.argv[2])
+tool = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+rows = []
+for t in ("float16", "bfloat16"):
+    for i, spec in enumerate(OP.specializations(t)):
+        if spec.constexprs["HEAD_DIM"] not in (64, 128):
+            continue
+        c = compile_job(Job(OP, t, i, spec, arch), out)
+        usage = subprocess.run([str(tool), "-res-usage", str(c.cubin)], capture_output=True, text=True,
+                               check=True).stdout
+        rows.append(dict(type=t, spec=i, stack=int(re.search(r"STACK:(\d+)", usage).group(1)), usage=usage[-200:]))
+print(json.dumps(rows))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", [80, 90])
+def test_llama_head_dims_do_not_spill(arch, tmp_path):
+    """ptxas' resource report of the decode and prefill specs at head dims 64 and 128 (fp16, bf16): no stack.
+    The compile runs in a subprocess, without the tests' TRITON_INTERPRET=1."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = pathlib.Path(__file__).resolve().parents[2]
+    res = subprocess.run([sys.executable, "-c", _SPILL_SCRIPT, str(arch), str(tmp_path)], capture_output=True,
+                         text=True, env=env, cwd=root)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = json.loads(res.stdout.splitlines()[-1])
+    assert len(rows) == 8  # 2 types x 2 head dims x (decode, prefill)
+    for r in rows:
+        assert r["stack"] == 0, f"{r['type']} spec {r['spec']} on sm_{arch} spills: {r['usage']}"
