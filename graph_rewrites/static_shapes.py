@@ -42,7 +42,17 @@ def parse(text: str) -> dict[str, list[int]]:
     return shapes
 
 
-def _fix_inputs(model: ir.Model, shapes: dict[str, list[int]]) -> None:
+def _fix_outputs(model: ir.Model, symbols: dict[str, int]) -> None:
+    """Graph outputs whose dims are named after input dims get the fixed sizes (the folder does not
+    rewrite output shapes, and a session binding buffers needs them)."""
+    for value in model.graph.outputs:
+        if value.shape is None:
+            continue
+        dims = [symbols.get(d.value, d) if isinstance(d, ir.SymbolicDim) else d for d in value.shape]
+        value.shape = ir.Shape(dims)
+
+
+def _fix_inputs(model: ir.Model, shapes: dict[str, list[int]]) -> dict[str, int]:
     inputs = {v.name: v for v in model.graph.inputs}
     have = ", ".join(f"{v.name} {v.shape}" for v in model.graph.inputs)
     missing = sorted(set(inputs) - set(shapes) - set(model.graph.initializers))
@@ -50,9 +60,12 @@ def _fix_inputs(model: ir.Model, shapes: dict[str, list[int]]) -> None:
     if unknown or missing:
         what = f"unknown input(s) {unknown}" if unknown else f"no shape for input(s) {missing}"
         raise ValueError(f"--static-shapes: {what}; the model's inputs are: {have}")
+    symbols = {}
     for name, dims in shapes.items():
         value = inputs[name]
         if value.shape is not None:
+            symbols.update((d.value, n) for d, n in zip(value.shape, dims)
+                           if isinstance(d, ir.SymbolicDim) and d.value is not None)
             if value.shape.rank() != len(dims):
                 raise ValueError(f"--static-shapes {name}: {len(dims)} dims given, the input has rank "
                                  f"{value.shape.rank()} ({value.shape})")
@@ -61,6 +74,7 @@ def _fix_inputs(model: ir.Model, shapes: dict[str, list[int]]) -> None:
                     raise ValueError(f"--static-shapes {name}: dim {axis} is fixed at {old} in the model, "
                                      f"{new} given")
         value.shape = ir.Shape(dims)
+    return symbols
 
 
 def _constant(value: ir.Value | None) -> np.ndarray | None:
@@ -133,7 +147,7 @@ def remaining(model: ir.Model) -> list[str]:
 
 def specialize(model: ir.Model, shapes: dict[str, list[int]]) -> list[str]:
     """Fix the inputs' shapes and fold every shape computation, in place. Returns remaining(model)."""
-    _fix_inputs(model, shapes)
+    _fix_outputs(model, _fix_inputs(model, shapes))
     for _ in range(3):  # folding can expose more (a Reshape whose target became constant)
         onnxscript.optimizer.optimize_ir(
             model, inline=False,

@@ -16,6 +16,7 @@ cache=False: (input_ids, attention_mask [B, S]) -> logits.
 
 from __future__ import annotations
 
+import inspect
 import pathlib
 
 import numpy as np
@@ -121,6 +122,12 @@ def _positions(attention_mask, seq):
     return (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)[:, -seq:]
 
 
+def output_cache(out):
+    """The Cache object of a transformers output (`cache`, or `past_key_values` before 5.2x)."""
+    found = getattr(out, "cache", None)
+    return found if found is not None else out.past_key_values
+
+
 def wrap(model, cache: bool = True):
     """The nn.Module that is exported: explicit tensor arguments in, plain tensors out. Runs in torch too
     (the reference the tests compare ORT with)."""
@@ -128,6 +135,9 @@ def wrap(model, cache: bool = True):
     from transformers import DynamicCache
 
     layers = cache_spec(model)[0]
+    # transformers renamed the cache argument and output field past_key_values -> cache (5.2x); the GPU
+    # machine's 5.17 has the old names
+    cache_arg = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
 
     class WithCache(torch.nn.Module):
         def __init__(self, inner):
@@ -137,10 +147,10 @@ def wrap(model, cache: bool = True):
         def forward(self, input_ids, attention_mask, *past):
             # transformers 5 takes a Cache object, not tuples: build one around the past tensors (P = 0 too)
             kv = DynamicCache([(past[2 * i], past[2 * i + 1]) for i in range(layers)], config=self.inner.config)
-            out = self.inner(input_ids=input_ids, attention_mask=attention_mask, cache=kv, use_cache=True,
-                             position_ids=_positions(attention_mask, input_ids.shape[1]))
+            out = self.inner(input_ids=input_ids, attention_mask=attention_mask, use_cache=True,
+                             position_ids=_positions(attention_mask, input_ids.shape[1]), **{cache_arg: kv})
             present = []
-            for layer in out.cache.layers:
+            for layer in output_cache(out).layers:
                 present += [layer.keys, layer.values]
             return (out.logits, *present)
 

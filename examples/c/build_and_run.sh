@@ -21,8 +21,10 @@ import pathlib
 from ort_triton.aot.ort_header import find_ort_include
 from ort_triton.paths import cache_dir
 print(find_ort_include(None, cache_dir()))")}
-# the wheel ships libonnxruntime.so.1.X.Y only; the binary asks for its soname, libonnxruntime.so.1
-mkdir -p "$OUT/lib" && ln -sf "$LIBORT" "$OUT/lib/libonnxruntime.so.1" && ln -sf "$LIBORT" "$OUT/lib/libonnxruntime.so"
+# the wheel ships libonnxruntime.so.1.X.Y only; the binary asks for its soname, libonnxruntime.so.1. ORT loads
+# its provider libraries (CUDA) from the directory it was loaded from: link them there too
+mkdir -p "$OUT/lib" && ln -sf "$CAPI"/lib*.so* "$OUT/lib/"
+ln -sf "$LIBORT" "$OUT/lib/libonnxruntime.so.1" && ln -sf "$LIBORT" "$OUT/lib/libonnxruntime.so"
 gcc -std=c11 -O2 -Wall -Wextra -o "$OUT/run_model" examples/c/run_model.c -I"$INC" -L"$OUT/lib" -lonnxruntime \
   -Wl,-rpath,"$OUT/lib"
 MODEL=${MODEL:-}

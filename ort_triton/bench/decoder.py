@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import sys
 import tempfile
 import time
 
@@ -296,7 +297,8 @@ def _counts(m: Model, phase: str, batch: int, n: int, ms: float) -> dict:
 
 
 def bench(model: str, prefill, decode, runtimes, *, dtype="float16", device="cuda", warmup=5, iters=30,
-          log=print) -> list[dict]:
+          log=print, save=None) -> list[dict]:
+    """save(rows) is called after every runtime: a run cut short keeps what it measured."""
     gpu, versions = environment(device)
     rows = []
     with tempfile.TemporaryDirectory(prefix="ort_triton_decoder_") as work:
@@ -351,6 +353,8 @@ def bench(model: str, prefill, decode, runtimes, *, dtype="float16", device="cud
                 log(_line(row))
             rt.stop()
             _release(device)
+            if save:
+                save(rows)
     return rows
 
 
@@ -379,12 +383,16 @@ def main(argv=None) -> None:
     unknown = set(args.runtimes.split(",")) - set(ALL)
     if unknown:
         p.error(f"unknown runtime(s) {sorted(unknown)}; known: {', '.join(ALL)}")
-    rows = bench(args.model, parse(args.prefill), parse(args.decode), args.runtimes.split(","), dtype=args.dtype,
-                 device=args.device, warmup=args.warmup, iters=args.iters)
-    command = "python -m ort_triton.bench.decoder " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
-    for r in rows:
-        r["command"] = command
-    pathlib.Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+    command = "python -m ort_triton.bench.decoder " + " ".join(argv if argv is not None else sys.argv[1:])
+
+    def save(rows):
+        out = pathlib.Path(args.json)
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text(json.dumps([dict(r, command=command) for r in rows], indent=1) + "\n")
+        tmp.replace(out)
+
+    bench(args.model, parse(args.prefill), parse(args.decode), args.runtimes.split(","), dtype=args.dtype,
+          device=args.device, warmup=args.warmup, iters=args.iters, save=save)
 
 
 if __name__ == "__main__":

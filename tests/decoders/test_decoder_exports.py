@@ -79,7 +79,7 @@ def test_prefill_then_decode_equal_torch(sessions, name, exporter, opset):
         ref = model(input_ids=ids, attention_mask=mask, use_cache=True)
     got = dict(zip(outputs, sess.run(outputs, feeds)))
     assert rel_err(got["logits"], ref.logits) < RTOL
-    for i, layer in enumerate(ref.cache.layers):
+    for i, layer in enumerate(decoders.output_cache(ref).layers):
         assert rel_err(got[f"present_key_{i}"], layer.keys) < RTOL
         assert rel_err(got[f"present_value_{i}"], layer.values) < RTOL
     # decode: S = 1, past = the ORT presents; torch continues from its own cache
@@ -92,7 +92,7 @@ def test_prefill_then_decode_equal_torch(sessions, name, exporter, opset):
     got = dict(zip(outputs, sess.run(outputs, step)))
     assert got["logits"].shape == (2, 1, model.config.vocab_size)
     assert rel_err(got["logits"], ref.logits) < RTOL
-    for i, layer in enumerate(ref.cache.layers):
+    for i, layer in enumerate(decoders.output_cache(ref).layers):
         assert got[f"present_key_{i}"].shape[2] == 8
         assert rel_err(got[f"present_key_{i}"], layer.keys) < RTOL
         assert rel_err(got[f"present_value_{i}"], layer.values) < RTOL

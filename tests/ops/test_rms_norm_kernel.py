@@ -114,8 +114,9 @@ def test_launch_config_override_still_correct():
     x, gamma = _rand((9, 70), torch.float32, gen), _rand((70,), torch.float32, gen)
     base = rms_norm(x, gamma)
     assert launch_config(BLOCKS[0]) != (2, 1)
+    # equal up to fp32 summation order (another tile splits the row's sum of squares differently on a GPU)
     torch.testing.assert_close(rms_norm(x, gamma, config=(2, 1), out=_nan((9, 70), torch.float32)), base,
-                               rtol=0, atol=0)
+                               rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("bad, err", [
