@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import tempfile
 import threading
 
 import numpy as np
 import onnx
 
 MASK_INPUT = "attention_mask"
+_INLINE_LIMIT = 1 << 30  # bytes of weights above which a bucket's model goes through a file
 
 
 @dataclasses.dataclass
@@ -56,6 +58,7 @@ class Session:
         self.output_names = [o.name for o in proto.graph.output]
         self._in_info = {i.name: i for i in proto.graph.input if i.name not in inits}
         self._out_dims = [_dims(o) for o in proto.graph.output]
+        self._weight_bytes = sum(len(t.raw_data) for t in proto.graph.initializer)
         # padding is only undone where every output dim is known (a number, or a name an input dim shares)
         self._can_pad = MASK_INPUT in self.input_names and all(d is not None for ds in self._out_dims for d in ds)
         self.providers = [p if isinstance(p, tuple) else (p, {}) for p in providers]
@@ -95,7 +98,7 @@ class Session:
             setattr(so, attr, getattr(self._session_options, attr))
         return so
 
-    def _session(self, data: bytes, graph: bool):
+    def _session(self, data: bytes | str, graph: bool):
         import onnxruntime as ort
 
         from . import runtime
@@ -117,7 +120,13 @@ class Session:
 
         model = ir.serde.deserialize_model(self._proto)
         left = specialize(model, dims)
-        data = ir.serde.serialize_model(model).SerializeToString()
+        if self._weight_bytes > _INLINE_LIMIT:  # past protobuf's 2 GiB: a file with external data
+            self._tmp = getattr(self, "_tmp", None) or tempfile.TemporaryDirectory(prefix="ort_triton_session_")
+            data = str(pathlib.Path(self._tmp.name) / f"bucket{len(getattr(self, 'buckets', []))}.onnx")
+            ir.save(model, data, external_data=pathlib.Path(data).name + ".data")
+        else:
+            data = ir.serde.serialize_model(model).SerializeToString()
+        del model
         sess = None
         if self.cuda_graph and left:
             self._fall_back(f"bucket {dims}: {len(left)} shape node(s) left on the CPU ({', '.join(left[:4])})")

@@ -32,7 +32,7 @@ from .harness import Clock, _release, _short, environment
 
 CEILING_GBS = 4080.0
 RUNTIMES = ("ort_stock", "ort_opset23", "ort_opset23_cuda_graph", "onnxscript_fusions", "ort_optimizer",
-            "ort_triton", "ort_triton_cuda_graph", "torch_eager")
+            "ort_triton", "ort_triton_static", "ort_triton_cuda_graph", "torch_eager")
 ELEM_BYTES = {"float16": 2, "float32": 4}
 
 
@@ -239,16 +239,46 @@ class OrtTriton(_Rewritten):
         self.info = ", ".join(f"{r.name} {r.matched}" for r in report.rules.values() if r.matched)
         save_atomic(model, out, external=m.params * ELEM_BYTES[m.dtype] > 2**31)
 
-    def session(self, m):
+    def session(self, m, path=None):
         from ..runtime import make_session
 
         providers = ["CPUExecutionProvider"]
         if m.device == "cuda":
             providers = [("CUDAExecutionProvider", {"enable_cuda_graph": "1"} if self.cuda_graph else {})]
-        return make_session(self.model_file(m), providers=providers, session_options=self.session_options())
+        return make_session(path or self.model_file(m), providers=providers, session_options=self.session_options())
 
 
-class OrtTritonCudaGraph(OrtTriton):
+class OrtTritonStatic(OrtTriton):
+    """ort_triton on a model specialised for each shape (graph_rewrites/static_shapes.py, what `optimize
+    --static-shapes` does): every shape computation folded, so every node runs on the CUDA EP. One session per
+    shape, made when the shape comes."""
+
+    name = "ort_triton_static"
+
+    def start(self, m):
+        self.path = self.model_file(m)  # the fused model, made once
+        self.sess, self.graph_ids = None, 0
+
+    def runner(self, m, feeds):
+        import onnx_ir as ir
+
+        from graph_rewrites.static_shapes import specialize
+
+        model = ir.load(str(self.path))  # a fresh copy: specialize works in place
+        left = specialize(model, {k: list(v.shape) for k, v in feeds.items()})
+        if left:
+            raise RuntimeError(f"{len(left)} shape node(s) left after specialisation: {', '.join(left[:4])}")
+        b, n = feeds["input_ids"].shape[0], feeds["attention_mask"].shape[1]
+        out = m.work / f"{m.name}.{self.name}.{b}x{n}.onnx"
+        big = m.params * ELEM_BYTES[m.dtype] > 2**31
+        ir.save(model, str(out), external_data=out.name + ".data" if big else None)
+        del model
+        self.sess = None  # one shape's session at a time
+        self.sess = self.session(m, out)
+        return super().runner(m, feeds)
+
+
+class OrtTritonCudaGraph(OrtTritonStatic):
     name, cuda_graph = "ort_triton_cuda_graph", True
 
 
@@ -280,7 +310,7 @@ class TorchEager:
 
 
 ALL = {rt.name: rt for rt in (OrtRuntime, OrtOpset23, OrtOpset23CudaGraph, OnnxscriptFusions, OrtOptimizer,
-                              OrtTriton, OrtTritonCudaGraph, TorchEager)}
+                              OrtTriton, OrtTritonStatic, OrtTritonCudaGraph, TorchEager)}
 
 
 # ---- the loop -----------------------------------------------------------------------------------------

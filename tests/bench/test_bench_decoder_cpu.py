@@ -11,11 +11,11 @@ pytestmark = pytest.mark.slow
 
 def test_decoder_bench_cpu_rows():
     rows = decoder.bench("llama-tiny", [(2, 9)], [(1, 20)], ["ort_stock", "ort_triton", "ort_opset23_cuda_graph",
-                                                             "torch_eager"],
+                                                             "ort_triton_static", "torch_eager"],
                          dtype="float32", device="cpu", warmup=1, iters=3, log=lambda s: None)
     by = {(r["runtime"], r["phase"]): r for r in rows}
-    assert len(rows) == 8
-    for rt in ("ort_stock", "ort_triton", "torch_eager"):
+    assert len(rows) == 10
+    for rt in ("ort_stock", "ort_triton", "ort_triton_static", "torch_eager"):
         pre, dec = by[(rt, "prefill")], by[(rt, "decode")]
         assert pre["status"] == dec["status"] == "ok", (pre, dec)
         assert (pre["batch"], pre["seq"], pre["past"]) == (2, 9, 0)

@@ -67,3 +67,15 @@ def test_threads_on_one_session_match_serial_runs(bert, session):
         threaded = list(pool.map(lambda f: session.run(f)[0], feeds))
     for a, b in zip(serial, threaded):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_large_model_goes_through_files(bert, monkeypatch):
+    """Past protobuf's 2 GiB a bucket's model cannot be passed as bytes: it is saved with external data
+    (forced here for a small model)."""
+    import ort_triton.session as session_module
+
+    monkeypatch.setattr(session_module, "_INLINE_LIMIT", 0)
+    sess = Session(bert[0], buckets=[(2, 16)], providers=["CPUExecutionProvider"])
+    assert any(p.suffix == ".data" for p in __import__("pathlib").Path(sess._tmp.name).iterdir())
+    feeds = random_inputs(bert[1], 2, 12, 512, seed=9)
+    assert _rel(sess.run(feeds)[0], bert[1].run(None, feeds)[0]) < 1e-5
