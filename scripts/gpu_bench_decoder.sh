@@ -4,6 +4,8 @@
 #   device run, carry [".ortgpu", ".ortinc"]:  source .ortgpu/activate.sh && bash scripts/gpu_bench_decoder.sh
 # Environment: MODELS (default "llama-1b gpt2-small"), RUNTIMES (comma-separated, default the bench's),
 # PREFILL / DECODE (shapes), ARGS (more bench arguments), ORT_TRITON_LIBRARY (skip the build).
+# The JSON is rewritten after every runtime, so a run cut short by the device's 10 minutes keeps what it
+# measured: a 1B model takes ~3 min to export twice and fuse; give each runtime set its own call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/ort_triton_out}
@@ -17,5 +19,5 @@ fi
 for model in ${MODELS:-llama-1b gpt2-small}; do
   python3 -m ort_triton.bench.decoder --model "$model" ${RUNTIMES:+--runtimes "$RUNTIMES"} \
     ${PREFILL:+--prefill "$PREFILL"} ${DECODE:+--decode "$DECODE"} ${ARGS:-} --json "$OUT/decoder_$model.json" 2>&1 \
-    | grep -v -E "Warning|warn\(|torchvision|^\s+(return|rename_mapping)" | tee "$OUT/decoder_$model.txt"
+    | grep --line-buffered -v -E "Warning|warn\(|torchvision|^\s+(return|rename_mapping)" | tee "$OUT/decoder_$model.txt"
 done
