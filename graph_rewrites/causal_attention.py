@@ -20,8 +20,8 @@ causal-with-offset (query i of S sees keys j <= T - S + i) and key padding from 
 evaluating it. It is then replaced by key_bias = 0 / -inf from attention_mask, and the meaning of a query
 row that sees no key (left padding) is kept by `masked_rows`: a -inf fill guarded by IsNaN gives 0
 (torchscript's sdpa); a finite fill that swamps every score (finfo.min of fp32/bf16: eager, dynamo's sdpa)
-gives the mean of V over all T keys. Any other fill is refused, since on such rows the original's result
-is neither.
+gives the mean of V over all T keys (fp16's finfo.min too: _FP16_MIN says why). Any other fill is refused,
+since on such rows the original's result is neither.
 
 Matched nodes are left for the dead-node pass (remove_nodes=False), as in graph_rewrites/attention.py:
 the mask subgraph and the shape arithmetic die once every layer is fused.
@@ -47,6 +47,12 @@ _HEADS = [0, 2, 1, 3]
 # A finite fill at or below this swamps any score: s + fill rounds to fill (fp32/bf16 finfo.min), so a row
 # that sees no key is uniform over all T keys in the original (masked_rows = 1)
 _SWAMPS = -1e30
+# An fp16 export fills with fp16's finfo.min, -65504 (dynamo, fp16 weights). On a row that sees a key, a dropped
+# key's score s + fill is at most about -65000 (or -inf) against a kept score's few units: exp gives 0, as for
+# -inf, so the fused op is exact. On a row that sees no key (a left-padding position) the original's softmax
+# is over s + fill rounded to fp16's 32-wide steps there (or NaN where every sum overflows): no meaningful
+# value; the op gives the mean of V (masked_rows = 1), as for fp32's finfo.min.
+_FP16_MIN = -65504.0 * 0.999
 
 
 def _all_same(a, b) -> bool:
@@ -163,6 +169,9 @@ class _CausalRule(pattern.RewriteRuleClassBase):
             return 0
         if value <= _SWAMPS:
             return 1
+        source = mask if mask is not None else fill
+        if source is not None and source.dtype == ir.DataType.FLOAT16 and value <= _FP16_MIN:
+            return 1  # an fp16 export's finfo.min: exact on every row that sees a key (see _FP16_MIN)
         return result.fail(f"the mask's finite fill {value:g} does not swamp the scores: a query that sees no "
                            "key would be softmax(scores + fill) over all keys, which the op does not compute",
                            mask if mask is not None else fill)
