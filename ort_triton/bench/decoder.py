@@ -29,6 +29,7 @@ import numpy as np
 
 from .. import decoders
 from .harness import Clock, _release, _short, environment
+from .runtimes import library_reason
 
 CEILING_GBS = 4080.0
 RUNTIMES = ("ort_stock", "ort_opset23", "ort_opset23_cuda_graph", "onnxscript_fusions", "ort_optimizer",
@@ -220,15 +221,7 @@ class OrtTriton(_Rewritten):
 
     def available(self, m):
         reason = super().available(m)
-        if reason or m.device != "cuda":
-            return reason
-        from ..runtime import LibraryNotFound, get_library_path
-
-        try:
-            get_library_path()
-        except LibraryNotFound as e:
-            return str(e)
-        return None
+        return reason if reason or m.device != "cuda" else library_reason()
 
     def rewrite(self, m, out):
         import graph_rewrites

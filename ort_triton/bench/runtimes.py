@@ -223,6 +223,17 @@ class OnnxscriptFusions(OrtStock):
         return out
 
 
+def library_reason() -> str | None:
+    """Why ort_triton cannot run on CUDA here (no libort_triton.so), or None."""
+    from ..runtime import LibraryNotFound, get_library_path
+
+    try:
+        get_library_path()
+    except LibraryNotFound as e:
+        return str(e)
+    return None
+
+
 class OrtTriton(OrtStock):
     """graph_rewrites.optimize, then an ORT session with the ort_triton library (on CUDA; on the CPU the
     ops run their ONNX function bodies)."""
@@ -231,15 +242,7 @@ class OrtTriton(OrtStock):
 
     def available(self, model):
         reason = super().available(model)
-        if reason or model.device != "cuda":
-            return reason
-        from ..runtime import LibraryNotFound, get_library_path
-
-        try:
-            get_library_path()
-        except LibraryNotFound as e:
-            return str(e)
-        return None
+        return reason if reason or model.device != "cuda" else library_reason()
 
     def rewrite(self, model):
         import onnx

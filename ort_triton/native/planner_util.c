@@ -62,3 +62,21 @@ void ot_put_param(uint64_t *slots, void **params, int i, const void *value, size
   memcpy(&slots[i], value, size);
   params[i] = &slots[i];
 }
+
+int ot_plan_row_blocks(const ot_op *op, const ot_spec *spec, const ot_desc *x, int64_t n_rows, int n_outputs,
+                       int64_t rows_per_program, ot_plan *plan, char *err, size_t err_len) {
+  if (rows_per_program < 1) {
+    snprintf(err, err_len, "kernel %s has ROWS_PER_PROGRAM=%lld in the kernel table; rebuild the library",
+             spec->kernel_name, (long long)rows_per_program);
+    return 1;
+  }
+  plan->spec = spec;
+  plan->grid[0] = (unsigned)((n_rows + rows_per_program - 1) / rows_per_program);
+  plan->grid[1] = 1;
+  plan->grid[2] = 1;
+  for (int o = 0; o < n_outputs; o++) {
+    plan->outputs[o] = *x;
+    plan->outputs[o].type = op->outputs[o].type;
+  }
+  return 0;
+}

@@ -21,6 +21,12 @@ int ot_check_rows_by_h(const ot_desc *x, const char *name, char *err, size_t err
 /* Input `index` of op must be exactly [h] (a per-column vector such as gamma, beta or a bias). */
 int ot_check_vector(const ot_op *op, const ot_desc *in, int index, int64_t h, char *err, size_t err_len);
 
+/* The plan of a row-wise kernel (LayerNorm, RMSNorm): `spec`, one program per `rows_per_program` rows of x,
+ * every output shaped like x in its own element type. Fails (a message, 1) on a table whose rows per
+ * program is not positive. */
+int ot_plan_row_blocks(const ot_op *op, const ot_spec *spec, const ot_desc *x, int64_t n_rows, int n_outputs,
+                       int64_t rows_per_program, ot_plan *plan, char *err, size_t err_len);
+
 /* storage holds OT_MAX_PARAMS 8-byte slots; parameter i gets slot i, and cuLaunchKernel reads from it as
  * many bytes as the kernel's signature says (8 for pointers, 4 for int32/float32). */
 void ot_put_param(uint64_t *slots, void **params, int i, const void *value, size_t size);

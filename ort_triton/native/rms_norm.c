@@ -76,22 +76,8 @@ int ot_rms_norm_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_out
     no_spec_error(op, keys, err, err_len);
     return 1;
   }
-  const int64_t rows_per_program = spec->consts[CONST_ROWS_PER_PROGRAM];
-  if (rows_per_program < 1) {
-    snprintf(err, err_len, "kernel %s has ROWS_PER_PROGRAM=%lld in the kernel table; rebuild the library",
-             spec->kernel_name, (long long)rows_per_program);
-    return 1;
-  }
-
-  plan->spec = spec;
-  plan->grid[0] = (unsigned)((n_rows + rows_per_program - 1) / rows_per_program);
-  plan->grid[1] = 1;
-  plan->grid[2] = 1;
-  for (int o = 0; o < n_outputs; o++) {
-    plan->outputs[o] = *x;
-    plan->outputs[o].type = op->outputs[o].type;
-  }
-  return 0;
+  return ot_plan_row_blocks(op, spec, x, n_rows, n_outputs, spec->consts[CONST_ROWS_PER_PROGRAM], plan, err,
+                            err_len);
 }
 
 int ot_rms_norm_params(const ot_op *op, const ot_plan *plan, const ot_desc *in, void *const *ptrs,
