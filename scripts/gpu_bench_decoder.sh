@@ -5,7 +5,9 @@
 # Environment: MODELS (default "llama-1b gpt2-small"), RUNTIMES (comma-separated, default the bench's),
 # PREFILL / DECODE (shapes), ARGS (more bench arguments), ORT_TRITON_LIBRARY (skip the build).
 # The JSON is rewritten after every runtime, so a run cut short by the device's 10 minutes keeps what it
-# measured: a 1B model takes ~3 min to export twice and fuse; give each runtime set its own call.
+# measured: a 1B model takes ~3 min to export twice and fuse; give each runtime set its own call. The exports
+# and fused models stay in build/decoder_work, which the device keeps between calls while the machine is
+# warm: chain the calls and the later ones skip that work.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/ort_triton_out}
@@ -18,6 +20,7 @@ if [ -z "${ORT_TRITON_LIBRARY:-}" ]; then
 fi
 for model in ${MODELS:-llama-1b gpt2-small}; do
   python3 -m ort_triton.bench.decoder --model "$model" ${RUNTIMES:+--runtimes "$RUNTIMES"} \
-    ${PREFILL:+--prefill "$PREFILL"} ${DECODE:+--decode "$DECODE"} ${ARGS:-} --json "$OUT/decoder_$model.json" 2>&1 \
+    ${PREFILL:+--prefill "$PREFILL"} ${DECODE:+--decode "$DECODE"} ${ARGS:-} --work build/decoder_work \
+    --json "$OUT/decoder_$model.json" 2>&1 \
     | grep --line-buffered -v -E "Warning|warn\(|torchvision|^\s+(return|rename_mapping)" | tee "$OUT/decoder_$model.txt"
 done

@@ -45,6 +45,15 @@ def parse(text: str) -> list[tuple[int, int]]:
     return out
 
 
+def done(path: pathlib.Path) -> bool:
+    """Whether a file of the work directory was finished (a run cut short leaves no marker)."""
+    return path.exists() and path.with_name(path.name + ".done").exists()
+
+
+def mark_done(path: pathlib.Path, info: str = "") -> None:
+    path.with_name(path.name + ".done").write_text(info)
+
+
 class Model:
     """The transformers model, its exports (made on first use) and the counts the rows need."""
 
@@ -70,11 +79,15 @@ class Model:
         self.flop_params = total - (0 if tied else embed.numel())  # the GEMM weights (lm_head included)
 
     def export(self, kind: str) -> pathlib.Path:
-        """kind: "default" (dynamo, default opset), "opset23" (dynamo, opset 23), "torchscript"."""
+        """kind: "default" (dynamo, default opset), "opset23" (dynamo, opset 23), "torchscript". An export a
+        finished earlier run left in the work directory is reused (build() is seeded: the same weights)."""
         if kind not in self._files:
-            path = self.work / f"{self.name}.{kind}.onnx"
-            exporter = "torchscript" if kind == "torchscript" else "dynamo"
-            decoders.export(self.model, path, exporter=exporter, cache=True, opset=23 if kind == "opset23" else None)
+            path = self.work / f"{self.name}.{self.dtype}.{kind}.onnx"
+            if not done(path):
+                exporter = "torchscript" if kind == "torchscript" else "dynamo"
+                decoders.export(self.model, path, exporter=exporter, cache=True,
+                                opset=23 if kind == "opset23" else None)
+                mark_done(path)
             self._files[kind] = path
         return self._files[kind]
 
@@ -179,9 +192,12 @@ class _Rewritten(OrtRuntime):
         raise NotImplementedError
 
     def model_file(self, m):
-        out = m.work / f"{m.name}.{self.name}.onnx"
-        if not out.exists():
+        out = m.work / f"{m.name}.{m.dtype}.{self.name}.onnx"
+        if done(out):  # made by an earlier run in this work directory
+            self.info = out.with_name(out.name + ".done").read_text()
+        else:
             self.rewrite(m, out)
+            mark_done(out, self.info)
         return out
 
 
@@ -320,13 +336,16 @@ def _counts(m: Model, phase: str, batch: int, n: int, ms: float) -> dict:
 
 
 def bench(model: str, prefill, decode, runtimes, *, dtype="float16", device="cuda", warmup=5, iters=30,
-          log=print, save=None) -> list[dict]:
-    """save(rows) is called after every runtime: a run cut short keeps what it measured."""
+          log=print, save=None, work=None) -> list[dict]:
+    """save(rows) is called after every runtime: a run cut short keeps what it measured. work: a directory
+    whose exports and fused models are kept and reused by the next run (default: a temporary one)."""
     gpu, versions = environment(device)
     rows = []
-    with tempfile.TemporaryDirectory(prefix="ort_triton_decoder_") as work:
+    with tempfile.TemporaryDirectory(prefix="ort_triton_decoder_") as tmp:
         t0 = time.time()
-        m = Model(model, dtype, device, pathlib.Path(work))
+        if work:
+            pathlib.Path(work).mkdir(parents=True, exist_ok=True)
+        m = Model(model, dtype, device, pathlib.Path(work or tmp))
         log(f"{model}: {m.params / 1e6:.1f} M parameters, {m.layers} layers, {m.kv_heads} kv heads x "
             f"{m.head_dim}, {dtype} ({time.time() - t0:.0f} s)")
         shapes = [("prefill", b, n) for b, n in prefill] + [("decode", b, n) for b, n in decode]
@@ -401,6 +420,8 @@ def main(argv=None) -> None:
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--work", help="keep the exports and fused models here and reuse them next time (a 1B model "
+                   "takes minutes to export and fuse)")
     p.add_argument("--json", required=True)
     args = p.parse_args(argv)
     unknown = set(args.runtimes.split(",")) - set(ALL)
@@ -415,7 +436,7 @@ def main(argv=None) -> None:
         tmp.replace(out)
 
     bench(args.model, parse(args.prefill), parse(args.decode), args.runtimes.split(","), dtype=args.dtype,
-          device=args.device, warmup=args.warmup, iters=args.iters, save=save)
+          device=args.device, warmup=args.warmup, iters=args.iters, save=save, work=args.work)
 
 
 if __name__ == "__main__":

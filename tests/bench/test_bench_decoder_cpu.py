@@ -28,3 +28,15 @@ def test_decoder_bench_cpu_rows():
     assert "rms_norm" in by[("ort_triton", "prefill")]["info"]
     skipped = by[("ort_opset23_cuda_graph", "decode")]
     assert skipped["status"] == "skipped" and "CUDA graphs need --device cuda" in skipped["error"]
+
+
+def test_a_work_directory_is_reused(tmp_path):
+    """--work keeps the exports and fused models: a second run reuses them (same rows, same fusion info)."""
+    args = dict(dtype="float32", device="cpu", warmup=1, iters=2, log=lambda s: None, work=tmp_path)
+    first = decoder.bench("llama-tiny", [(1, 7)], [], ["ort_stock", "ort_triton"], **args)
+    made = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
+    assert any(n.endswith(".default.onnx") for n in made) and any(n.endswith(".ort_triton.onnx.done") for n in made)
+    second = decoder.bench("llama-tiny", [(1, 7)], [], ["ort_stock", "ort_triton"], **args)
+    assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == made  # nothing written again
+    assert [r["status"] for r in second] == ["ok", "ok"]
+    assert second[1]["info"] == first[1]["info"] and "rms_norm" in second[1]["info"]
