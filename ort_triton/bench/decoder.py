@@ -318,8 +318,29 @@ class TorchEager:
         self.module = None
 
 
+class TorchCompile(TorchEager):
+    """torch.compile of the same module, one compile per shape (dynamic=False); not in the default set: a 1B
+    model compiles for minutes per shape."""
+
+    name, mode = "torch_compile", "default"
+    info = "torch.compile(mode=default, dynamic=False) of the transformers module"
+
+    def start(self, m):
+        import torch
+
+        # one compile per shape: past dynamo's default of 8 recompiles it would run eager without saying so
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        self.module = torch.compile(decoders.wrap(m.model.to(m.device), cache=True), mode=self.mode, dynamic=False)
+
+
+class TorchCompileCudaGraph(TorchCompile):
+    name, mode = "torch_compile_cuda_graph", "reduce-overhead"
+    info = "torch.compile(mode=reduce-overhead: CUDA graphs, dynamic=False) of the transformers module"
+
+
 ALL = {rt.name: rt for rt in (OrtRuntime, OrtOpset23, OrtOpset23CudaGraph, OnnxscriptFusions, OrtOptimizer,
-                              OrtTriton, OrtTritonStatic, OrtTritonCudaGraph, TorchEager)}
+                              OrtTriton, OrtTritonStatic, OrtTritonCudaGraph, TorchEager, TorchCompile,
+                              TorchCompileCudaGraph)}
 
 
 # ---- the loop -----------------------------------------------------------------------------------------
