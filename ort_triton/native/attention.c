@@ -139,20 +139,8 @@ int ot_attention_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_ou
              (long long)(sq > max_seq ? sq : skv), sq > max_seq ? q_name : k_name, (long long)max_seq);
     return 1;
   }
-  /* Programs: ceil(Sq / BLOCK_M) * B * N, against grid.x's limit (also the kernel's int32 program id);
-   * each factor is checked before it multiplies, so nothing overflows. */
-  const int64_t tiles = (sq + block_m - 1) / block_m;
-  int64_t programs = tiles;
-  const int64_t factors[2] = {batch, heads};
-  for (int i = 0; i < 2; i++) {
-    if (programs > 0 && factors[i] > INT32_MAX / programs) {
-      snprintf(err, err_len, "the launch needs ceil(Sq / %lld) * B * num_heads = %lld * %lld * %lld programs, "
-                             "more than the %d a CUDA grid holds; split the batch",
-               (long long)block_m, (long long)tiles, (long long)batch, (long long)heads, INT32_MAX);
-      return 1;
-    }
-    programs *= factors[i];
-  }
+  int64_t programs; /* ceil(Sq / BLOCK_M) * B * N */
+  if (ot_grid_programs(sq, block_m, batch, heads, "Sq", "num_heads", &programs, err, err_len)) return 1;
 
   plan->spec = spec;
   plan->grid[0] = (unsigned)programs; /* 0 for an empty batch or Sq = 0: the caller skips the launch */

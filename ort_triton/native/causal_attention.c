@@ -134,19 +134,8 @@ int ot_causal_attention_plan(const ot_op *op, const ot_desc *in, int n_inputs, i
              (long long)head_dim);
     return 1;
   }
-  /* ceil(G * S / BLOCK_M) * B * Nkv programs, each factor checked before it multiplies */
-  const int64_t tiles = (rows + block_m - 1) / block_m;
-  int64_t programs = tiles;
-  const int64_t factors[2] = {batch, nkv};
-  for (int i = 0; i < 2; i++) {
-    if (programs > 0 && factors[i] > INT32_MAX / programs) {
-      snprintf(err, err_len, "the launch needs ceil(G * S / %lld) * B * Nkv = %lld * %lld * %lld programs, more "
-                             "than the %d a CUDA grid holds; split the batch",
-               (long long)block_m, (long long)tiles, (long long)batch, (long long)nkv, INT32_MAX);
-      return 1;
-    }
-    programs *= factors[i];
-  }
+  int64_t programs; /* ceil(G * S / BLOCK_M) * B * Nkv */
+  if (ot_grid_programs(rows, block_m, batch, nkv, "G * S", "Nkv", &programs, err, err_len)) return 1;
 
   plan->spec = spec;
   plan->grid[0] = (unsigned)programs; /* 0 for an empty batch or S = 0: the caller skips the launch */

@@ -80,3 +80,22 @@ int ot_plan_row_blocks(const ot_op *op, const ot_spec *spec, const ot_desc *x, i
   }
   return 0;
 }
+
+int ot_grid_programs(int64_t rows, int64_t block_m, int64_t batch, int64_t heads, const char *rows_name,
+                     const char *heads_name, int64_t *programs, char *err, size_t err_len) {
+  const int64_t tiles = (rows + block_m - 1) / block_m;
+  const int64_t factors[2] = {batch, heads};
+  int64_t n = tiles;
+  for (int i = 0; i < 2; i++) {
+    if (n > 0 && factors[i] > INT32_MAX / n) {
+      snprintf(err, err_len, "the launch needs ceil(%s / %lld) * B * %s = %lld * %lld * %lld programs, more than "
+                             "the %d a CUDA grid holds; split the batch",
+               rows_name, (long long)block_m, heads_name, (long long)tiles, (long long)batch, (long long)heads,
+               INT32_MAX);
+      return 1;
+    }
+    n *= factors[i];
+  }
+  *programs = n;
+  return 0;
+}

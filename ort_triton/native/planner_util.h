@@ -27,6 +27,12 @@ int ot_check_vector(const ot_op *op, const ot_desc *in, int index, int64_t h, ch
 int ot_plan_row_blocks(const ot_op *op, const ot_spec *spec, const ot_desc *x, int64_t n_rows, int n_outputs,
                        int64_t rows_per_program, ot_plan *plan, char *err, size_t err_len);
 
+/* The programs of an attention grid, ceil(rows / block_m) * batch * heads, each factor checked before it
+ * multiplies so nothing overflows, against grid.x's limit (also the kernels' int32 program id). rows_name
+ * and heads_name say what rows and heads are in the message ("Sq", "num_heads"). Fails (a message, 1). */
+int ot_grid_programs(int64_t rows, int64_t block_m, int64_t batch, int64_t heads, const char *rows_name,
+                     const char *heads_name, int64_t *programs, char *err, size_t err_len);
+
 /* storage holds OT_MAX_PARAMS 8-byte slots; parameter i gets slot i, and cuLaunchKernel reads from it as
  * many bytes as the kernel's signature says (8 for pointers, 4 for int32/float32). */
 void ot_put_param(uint64_t *slots, void **params, int i, const void *value, size_t size);
