@@ -33,13 +33,12 @@ import numpy as np
 import onnx
 import onnx.inliner
 import onnx_ir as ir
-import onnxruntime as ort
 from onnx import helper
 
 from ort_triton.contract import DOMAIN
 from ort_triton.ops import BY_NAME as OPS
 
-from .mask import DROPS, _options, _slice, _slice_model
+from .mask import DROPS, mask_session
 
 # (B, S, P): a prefill, a decode step, S != P, a long past; each batch has a fully padded row
 _SIZES = ((3, 5, 3), (3, 4, 0), (4, 1, 6), (2, 7, 9))
@@ -247,27 +246,13 @@ def _sizes(batch, s_dim, t_dim) -> list[dict] | str:
 
 
 def _prove(model: ir.Model, mask: ir.Value, batch, s_dim, t_dim) -> CausalPadding | str:
-    if mask.graph is not model.graph:
-        return "the mask is not computed in the main graph"
-    if mask.dtype is None:
-        return "the mask's element type is unknown"
-    sizes = _sizes(batch, s_dim, t_dim)
+    sizes = _sizes(batch, s_dim, t_dim)  # cheap: before the mask's session is made
     if isinstance(sizes, str):
         return sizes
-    part = _slice(mask)
-    if isinstance(part, str):
-        return part
-    read = [v for v, by_value in part.inputs.items() if by_value]
-    if len(read) > 1:
-        return f"the mask depends on the values of {', '.join(sorted(v.name for v in read))}, not of one 2-D input"
-    source = read[0] if read else None
-    if source is not None and (source.shape is None or source.shape.rank() != 2):
-        return f"the mask depends on {source.name}, which is not 2-D [batch, keys] (shape {source.shape})"
-    try:
-        session = ort.InferenceSession(_slice_model(model, mask, part).SerializeToString(), _options(),
-                                       providers=["CPUExecutionProvider"])
-    except Exception as e:  # noqa: BLE001  (ORT raises its own types)
-        return f"the mask could not be evaluated on ORT CPU: {str(e).splitlines()[0]}"
+    found = mask_session(model, mask)
+    if isinstance(found, str):
+        return found
+    part, source, session = found
     rng = np.random.default_rng(0)
     verdicts = set()
     for size in sizes:

@@ -101,7 +101,10 @@ def _slice(mask: ir.Value) -> _Slice | str:
     return out
 
 
-def _prove(model: ir.Model, mask: ir.Value) -> KeyPadding | str:
+def mask_session(model: ir.Model, mask: ir.Value) -> tuple[_Slice, ir.Value | None, ort.InferenceSession] | str:
+    """The subgraph that computes `mask` as an ORT CPU session, with the one 2-D input whose values it reads
+    (None: it reads none), or why it cannot be evaluated. Shared by this module's key-padding proof and
+    causal_mask.py's causal one."""
     if mask.graph is not model.graph:
         return "the mask is not computed in the main graph"
     if mask.dtype is None:
@@ -120,6 +123,14 @@ def _prove(model: ir.Model, mask: ir.Value) -> KeyPadding | str:
                                        providers=["CPUExecutionProvider"])
     except Exception as e:  # noqa: BLE001  (ORT raises its own types)
         return f"the mask could not be evaluated on ORT CPU: {str(e).splitlines()[0]}"
+    return part, source, session
+
+
+def _prove(model: ir.Model, mask: ir.Value) -> KeyPadding | str:
+    found = mask_session(model, mask)
+    if isinstance(found, str):
+        return found
+    part, source, session = found
     rng = np.random.default_rng(0)
     verdicts = set()
     for batch, seq in _SIZES:
