@@ -14,6 +14,9 @@ gathers) and the cache it reads, 2 x layers x B x kv_heads x P x head_dim elemen
 is that over the time, against the 4.08 TB/s copy ceiling (FACTS.md). The exports' KV cache is a Concat,
 so every step also writes the whole present cache (P + 1 positions): not counted, and a reason a
 step cannot reach the ceiling. Prefill FLOPs: 2 x (non-embedding) params x B x S + causal attention.
+Accuracy: every runtime's last-token logits against the same module in float32 (the weights of the fp16
+model, widened), as the max abs difference, that over the reference's largest logit, and the share of rows
+whose top token agrees. A shape longer than the model's position table is a skipped row, not a run.
 """
 
 from __future__ import annotations
@@ -79,17 +82,28 @@ class Model:
         self.flop_params = total - (0 if tied else embed.numel())  # the GEMM weights (lm_head included)
 
     def export(self, kind: str) -> pathlib.Path:
-        """kind: "default" (dynamo, default opset), "opset23" (dynamo, opset 23), "torchscript". An export a
-        finished earlier run left in the work directory is reused (build() is seeded: the same weights)."""
+        """kind: "default" (dynamo, default opset), "opset23" (dynamo, opset 23), "torchscript",
+        "torchscript_fp32" (the same weights widened to float32: what ORT's optimizer converts to fp16 itself).
+        An export a finished earlier run left in the work directory is reused (build() is seeded)."""
         if kind not in self._files:
             path = self.work / f"{self.name}.{self.dtype}.{kind}.onnx"
             if not done(path):
-                exporter = "torchscript" if kind == "torchscript" else "dynamo"
-                decoders.export(self.model, path, exporter=exporter, cache=True,
+                exporter = "torchscript" if kind.startswith("torchscript") else "dynamo"
+                module = self.float32() if kind == "torchscript_fp32" else self.model
+                decoders.export(module, path, exporter=exporter, cache=True,
                                 opset=23 if kind == "opset23" else None)
                 mark_done(path)
             self._files[kind] = path
         return self._files[kind]
+
+    def float32(self):
+        """A float32 copy of the model on the CPU (the same, rounded, weights)."""
+        import copy
+
+        return copy.deepcopy(self.model).to("cpu").float()
+
+    def positions(self) -> int:
+        return decoders.max_positions(self.config)
 
     def feeds(self, phase: str, batch: int, n: int, seed: int = 0) -> dict:
         """numpy feeds: prefill (S = n, P = 0) or decode (S = 1, P = n)."""
@@ -226,8 +240,12 @@ class OrtOptimizer(_Rewritten):
     def rewrite(self, m, out):
         from onnxruntime.transformers.optimizer import optimize_model
 
-        opt = optimize_model(str(m.export("torchscript")), model_type="gpt2", num_heads=m.config.n_head,
+        # its documented fp16 flow: fuse the float32 export, then convert (fusing an fp16 export leaves a
+        # LayerNormalization with float and float16 inputs that ORT refuses to load)
+        opt = optimize_model(str(m.export("torchscript_fp32")), model_type="gpt2", num_heads=m.config.n_head,
                              hidden_size=m.config.n_embd, use_gpu=m.device == "cuda")
+        if m.dtype == "float16":
+            opt.convert_float_to_float16(keep_io_types=False)
         self.info = ", ".join(f"{k} {v}" for k, v in sorted(opt.get_fused_operator_statistics().items()) if v)
         opt.save_model_to_file(str(out))
 
@@ -356,6 +374,40 @@ def _counts(m: Model, phase: str, batch: int, n: int, ms: float) -> dict:
     return dict(flops=flops, tflop_s=flops / ms / 1e9, tokens_per_s=batch * n / ms * 1e3)
 
 
+def _shape_row(phase: str, b: int, n: int) -> dict:
+    return dict(phase=phase, batch=b, seq=n if phase == "prefill" else 1, past=0 if phase == "prefill" else n)
+
+
+def _too_long(m: Model, phase: str, n: int) -> str | None:
+    total = n if phase == "prefill" else n + 1
+    if total > m.positions():
+        return f"P+S = {total} positions > the model's {m.positions()} (its position table)"
+    return None
+
+
+def _references(m: Model, shapes) -> dict:
+    """Last-token logits [B, vocab] of the float32 module for every shape, on the bench's device."""
+    import torch
+
+    module = decoders.wrap(m.float32().to(m.device), cache=True)
+    out = {}
+    with torch.no_grad():
+        for phase, b, n in shapes:
+            feeds = m.feeds(phase, b, n)
+            args = [torch.from_numpy(v).to(m.device) for v in feeds.values()]
+            args = [a.float() if a.is_floating_point() else a for a in args]
+            out[(phase, b, n)] = module(*args)[0][:, -1].float().cpu().numpy()
+    del module
+    return out
+
+
+def _accuracy(logits: np.ndarray, ref: np.ndarray) -> dict:
+    diff = float(np.abs(logits - ref).max())
+    return dict(diff_against="torch_float32", max_abs_diff_last_logits=diff,
+                rel_diff_last_logits=diff / float(np.abs(ref).max()),
+                top1_agreement=float((logits.argmax(-1) == ref.argmax(-1)).mean()))
+
+
 def bench(model: str, prefill, decode, runtimes, *, dtype="float16", device="cuda", warmup=5, iters=30,
           log=print, save=None, work=None) -> list[dict]:
     """save(rows) is called after every runtime: a run cut short keeps what it measured. work: a directory
@@ -370,7 +422,11 @@ def bench(model: str, prefill, decode, runtimes, *, dtype="float16", device="cud
         log(f"{model}: {m.params / 1e6:.1f} M parameters, {m.layers} layers, {m.kv_heads} kv heads x "
             f"{m.head_dim}, {dtype} ({time.time() - t0:.0f} s)")
         shapes = [("prefill", b, n) for b, n in prefill] + [("decode", b, n) for b, n in decode]
-        reference = {}
+        too_long = {s: _too_long(m, s[0], s[2]) for s in shapes}
+        t0 = time.time()
+        reference = _references(m, [s for s in shapes if not too_long[s]])
+        _release(device)
+        log(f"float32 reference logits: {len(reference)} shape(s) ({time.time() - t0:.0f} s)")
         clock = Clock(device)
         for name in runtimes:
             rt = ALL[name]()
@@ -380,21 +436,24 @@ def bench(model: str, prefill, decode, runtimes, *, dtype="float16", device="cud
             reason = rt.available(m)
             if reason:
                 log(f"{name}: skipped ({reason})")
-                rows += [dict(base, phase=p, batch=b, seq=n if p == "prefill" else 1, past=0 if p == "prefill" else n,
-                              status="skipped", error=reason) for p, b, n in shapes]
+                rows += [dict(base, **_shape_row(*s), status="skipped", error=reason) for s in shapes]
                 continue
             t0 = time.time()
             try:
                 rt.start(m)
             except Exception as e:  # noqa: BLE001  (a runtime that fails is a row, not the end of the run)
                 log(f"{name}: failed to start: {_short(e)}")
-                rows += [dict(base, phase=p, batch=b, seq=n if p == "prefill" else 1, past=0 if p == "prefill" else n,
-                              status="error", error=_short(e)) for p, b, n in shapes]
+                rows += [dict(base, **_shape_row(*s), status="error", error=_short(e)) for s in shapes]
                 continue
             log(f"{name}: ready in {time.time() - t0:.0f} s; {rt.info}")
             for phase, b, n in shapes:
-                row = dict(base, phase=phase, batch=b, seq=n if phase == "prefill" else 1,
-                           past=0 if phase == "prefill" else n, info=rt.info)
+                row = dict(base, **_shape_row(phase, b, n), info=rt.info)
+                if too_long[(phase, b, n)]:
+                    row.update(status="skipped", error=too_long[(phase, b, n)])
+                    rows.append(row)
+                    log(_line(row))
+                    continue
+                run = None
                 try:
                     run = rt.runner(m, m.feeds(phase, b, n))
                     for _ in range(warmup):
@@ -402,13 +461,8 @@ def bench(model: str, prefill, decode, runtimes, *, dtype="float16", device="cud
                     times = [clock.time(run) for _ in range(iters)]
                     logits = run.logits()[:, -1].astype(np.float32)
                     p50, p90, p99 = (float(v) for v in np.percentile(times, [50, 90, 99]))
-                    row.update(status="ok", p50_ms=p50, p90_ms=p90, p99_ms=p99, **_counts(m, phase, b, n, p50))
-                    key = (phase, b, n)
-                    if key in reference:
-                        row["max_abs_diff_last_logits"] = float(np.abs(logits - reference[key][1]).max())
-                        row["diff_against"] = reference[key][0]
-                    else:
-                        reference[key] = (name, logits)
+                    row.update(status="ok", p50_ms=p50, p90_ms=p90, p99_ms=p99, **_counts(m, phase, b, n, p50),
+                               **_accuracy(logits, reference[(phase, b, n)]))
                 except Exception as e:  # noqa: BLE001
                     row.update(status="error", error=_short(e))
                 del run
@@ -427,7 +481,8 @@ def _line(r: dict) -> str:
         return f"  {shape:18} {r['runtime']:24} {r['status']}: {r.get('error', '')}"
     extra = (f"{r['gb_s']:7.0f} GB/s ({100 * r['ceiling_fraction']:4.1f}%)" if r["phase"] == "decode"
              else f"{r['tflop_s']:6.1f} TFLOP/s")
-    diff = f"  |d logits| {r['max_abs_diff_last_logits']:.2e}" if "max_abs_diff_last_logits" in r else ""
+    diff = (f"  vs fp32: |d| {r['max_abs_diff_last_logits']:.2e} ({100 * r['rel_diff_last_logits']:.2f}% of max), "
+            f"top-1 {100 * r['top1_agreement']:.0f}%" if "max_abs_diff_last_logits" in r else "")
     return f"  {shape:18} {r['runtime']:24} p50 {r['p50_ms']:9.3f} ms  {extra}{diff}"
 
 
