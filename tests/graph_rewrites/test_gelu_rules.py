@@ -122,3 +122,40 @@ def test_refuses_dynamic_hidden():
     m.graph.input.append(helper.make_tensor_value_info("w", TensorProto.FLOAT, [16, "h"]))
     out, rep = graph_rewrites.optimize(m, report=True)
     assert "not static" in rep.rules["gelu"].refused[0].reason
+
+
+def _to_float16(m):
+    """The same graph in float16: inputs, outputs and every initializer (what a model exported in fp16 has)."""
+    for init in m.graph.initializer:
+        init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float16), init.name))
+    for v in (*m.graph.input, *m.graph.output):
+        v.type.tensor_type.elem_type = TensorProto.FLOAT16
+    return m
+
+
+@pytest.mark.parametrize("form", ["erf", "tanh"])
+def test_float16_constants_are_gelus(form):
+    """An fp16 export stores 0.044715 as 0.04471 and sqrt(2) as 1.414 (GPT-2 exported in fp16 had its MLP
+    GELU refused): a constant that is gelu's rounded to its type is gelu's. The fused graph matches the
+    original within fp16 rounding (the kernel uses the exact constants)."""
+    pre, inits = _biased(True)
+    nodes, consts = _erf(0, True) if form == "erf" else _tanh(0, True)
+    m = _to_float16(_model(pre + nodes, inits + consts))
+    out, rep = graph_rewrites.optimize(m, report=True)
+    op = "ai.ort_triton.BiasGelu" + ("Tanh" if form == "tanh" else "")
+    assert graph_rewrites.op_counts(out).get(op) == 1, {k: v for k, v in rep.rules.items() if v.tried}
+    feeds = {"x": RNG.normal(0, 1, (5, 16)).astype(np.float16)}
+    a = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    b = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    a, b = a.astype(np.float32), b.astype(np.float32)
+    assert np.abs(a - b).max() / np.abs(a).max() < 1e-2
+
+
+def test_float16_constants_still_refuse_another_function():
+    """The rounding allowance is half an fp16 ulp, not a loose match: 0.05 in place of 0.044715 is refused."""
+    pre, inits = _biased(True)
+    nodes, consts = _tanh(0, True)
+    consts[1] = _c("k1", 0.0448)  # 0.044715 is 0.04471 in fp16; 0.0448 is 3 ulps off
+    out, rep = graph_rewrites.optimize(_to_float16(_model(pre + nodes, inits + consts)), report=True)
+    assert rep.rules["gelu_tanh"].matched == 0
+    assert any("constants are not those of the tanh gelu" in r.reason for r in rep.rules["gelu_tanh"].refused)
