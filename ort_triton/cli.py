@@ -257,14 +257,41 @@ def cmd_compare(args) -> int:
 # ---- build --------------------------------------------------------------------------------------
 def cmd_build(args) -> int:
     from .aot.build import BuildError, build_library, parse_archs
+    from .tuning import TuningError
 
     con = _console(args)
     try:
         lib = build_library(parse_archs(args.arch), args.output, jobs=args.jobs, ort_include=args.ort_include,
-                            log=con.print)
-    except BuildError as e:
+                            log=con.print, tuning_table=args.tuning)
+    except (BuildError, TuningError) as e:
         raise UserError(str(e)) from None
     con.print(f"[green]built[/] {lib}")
+    return 0
+
+
+# ---- tune ---------------------------------------------------------------------------------------
+def cmd_tune(args) -> int:
+    from . import tune
+    from .bench.harness import BenchError, parse_shapes
+
+    con = _console(args)
+    try:
+        shapes = parse_shapes(args.shapes) if args.shapes else []
+        decode = parse_shapes(args.decode) if args.decode else []
+    except BenchError as e:
+        raise UserError(str(e)) from None
+    if not shapes and not decode:
+        raise UserError("give the shapes to tune for: --shapes BxS,... (and --decode BxP,... for a model with a "
+                        "KV cache)")
+    if args.budget_min <= 0:
+        raise UserError("--budget-min must be positive")
+    _check_model(pathlib.Path(args.model))
+    try:
+        out = tune.tune(args.model, shapes, decode=decode, out=args.output, budget_min=args.budget_min,
+                        log=con.print)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    con.print(f"next: ort-triton build --arch {tune.tuning.load(out)[0]['arch']} --tuning {out}")
     return 0
 
 
@@ -360,7 +387,19 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("-o", "--output", help="directory for libort_triton.so")
     b.add_argument("-j", "--jobs", type=int, help="parallel compiles (default: all cores)")
     b.add_argument("--ort-include", help="directory with onnxruntime_c_api.h (default: fetched)")
+    b.add_argument("--tuning", metavar="TABLE", help="a table from `ort-triton tune`: its configs are compiled "
+                   "ahead of the built-in ones, for the GPU arch each was tuned on")
     b.set_defaults(func=cmd_build)
+
+    t = sub.add_parser("tune", help="time kernel configurations for a fused model's shapes on this GPU and write "
+                       "a tuning table for build --tuning")
+    t.add_argument("model", help="a model from ort-triton optimize")
+    t.add_argument("--shapes", help="BATCHxSEQ,... (for a model with a KV cache: prompts, no past)")
+    t.add_argument("--decode", help="BATCHxPAST,...: one new token over a cache of PAST positions (KV-cache models)")
+    t.add_argument("--budget-min", type=float, default=10.0, help="time budget in minutes (default 10): problems "
+                   "not reached keep the built-in configs")
+    t.add_argument("-o", "--output", help="the table (default: MODEL.tuning.json beside the model)")
+    t.set_defaults(func=cmd_tune)
 
     d = sub.add_parser("doctor", help="check ORT, GPU, library and Triton, and say how to fix what is missing")
     d.set_defaults(func=cmd_doctor)
@@ -371,12 +410,13 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     m.set_defaults(func=cmd_demo)
 
-    from .bench.runtimes import RUNTIMES
+    from .bench.runtimes import DEFAULT_RUNTIMES, RUNTIMES
 
     n = sub.add_parser("bench", help="time one model on ORT, ORT + ort_triton, torch, ... (same inputs, one process)")
     n.add_argument("model", nargs="?", help="the ONNX model (optional with --hf-config)")
     n.add_argument("--shapes", default="1x128,8x128,8x512", help="BATCHxSEQ,... (default %(default)s)")
-    n.add_argument("--runtimes", help="comma-separated, default all: " + ",".join(RUNTIMES))
+    n.add_argument("--runtimes", help=f"comma-separated from {','.join(RUNTIMES)}; default all but the tuned "
+                   f"library's (ORT_TRITON_TUNED_LIBRARY): {','.join(DEFAULT_RUNTIMES)}")
     n.add_argument("--hf-config", help="build this model from ort_triton.models.CONFIGS (e.g. bert-base), export it, "
                    "and add the torch runtimes")
     n.add_argument("--exporter", choices=("dynamo", "torchscript"), default="dynamo", help="with --hf-config")

@@ -31,6 +31,9 @@ DOMAIN_VERSION = 1
 # The oldest ai.onnx opset a rewritten model may have: bodies make typed constants with CastLike (15).
 MIN_OPSET = 15
 
+# The open end of a dispatch key's range ([lo, ANY]: any value from lo).
+ANY = 1 << 62
+
 # Element types a contract may allow, by the ONNX names used in messages and in the native table.
 ELEMENT_TYPES = {
     "float": onnx.TensorProto.FLOAT,
@@ -77,6 +80,35 @@ class Spec:
 
 
 @dataclasses.dataclass(frozen=True)
+class Tuning:
+    """What `ort-triton tune` (ort_triton/tune.py) needs to search an op's kernel configurations. A config is
+    a dict of the kernel's tile constexprs and num_warps / num_stages; shapes are the node's input shapes.
+
+    keys(type, shapes, attrs):  the dispatch keys, as the native planner computes them from those shapes
+    bucket(keys):               the key ranges one tuned config serves (a spec's `keys`)
+    candidates(type, keys, arch): the configs to time, first the built-in one (what the library runs on arch)
+    spec(type, bucket, config): the Spec that compiles a config for that bucket
+    runner(type, shapes, attrs, config, device): a no-argument launch of the Triton kernel with that config on
+                                fresh inputs (imports Triton: only tuning calls it)
+    """
+
+    keys: Callable[[str, list, dict], tuple[int, ...]]
+    bucket: Callable[[tuple[int, ...]], tuple[tuple[int, int], ...]]
+    candidates: Callable[[str, tuple[int, ...], int], list[dict]]
+    spec: Callable[[str, tuple[tuple[int, int], ...], dict], Spec]
+    runner: Callable[..., Callable[[], Any]]
+
+
+def pow2_bucket(n: int) -> tuple[int, int]:
+    """(lo, hi): the power-of-two range holding n (3..4, 5..8, 513..1024; 0..1 for n <= 1), the size range a
+    tuned config serves."""
+    if n <= 1:
+        return (0, 1)
+    hi = 1 << (n - 1).bit_length()
+    return (hi // 2 + 1, hi)
+
+
+@dataclasses.dataclass(frozen=True)
 class Kernel:
     """A Triton kernel as the AOT build sees it: the jit function, its runtime signature (argument name ->
     Triton type with `{T}` for the element type), and the native planner that launches it."""
@@ -109,6 +141,7 @@ class OpContract:
     reference: Callable[..., tuple[np.ndarray, ...]]
     kernel: Kernel
     specializations: Callable[[str], list[Spec]]  # element type name -> specs, in dispatch order
+    tuning: Tuning | None = None  # None: `ort-triton tune` leaves the op's built-in configs
 
     # ---- the function body -------------------------------------------------------------------------
     def function_proto(self, opset: int) -> onnx.FunctionProto:

@@ -20,6 +20,8 @@ import tempfile
 import time
 
 from .. import ops as ops_mod
+from .. import tuning
+from ..contract import Spec
 from ..paths import cache_dir as default_cache_dir
 from ..paths import default_library_dir
 from .codegen import generate
@@ -40,16 +42,23 @@ def _registrations() -> list[tuple]:
     return [(op, t) for op in ops_mod.ALL_OPS for t in op.types]
 
 
-def _jobs(archs) -> list[Job]:
+def spec_table(archs, tuned=()) -> dict[tuple[str, str], list[tuple[Spec, tuple[int, ...]]]]:
+    """(op name, type) -> [(spec, archs it is compiled for)] in dispatch order: the tuning table's specs
+    (each for the arch it was tuned on) ahead of the built-in ones (every arch)."""
+    return {(op.name, t): [(spec, (arch,)) for spec, arch in tuning.tuned_specs(tuned, op, t, archs)]
+            + [(spec, tuple(archs)) for spec in op.specializations(t)]
+            for op, t in _registrations()}
+
+
+def _jobs(specs) -> list[Job]:
     return [Job(op, t, i, spec, arch)
             for op, t in _registrations()
-            for i, spec in enumerate(op.specializations(t))
-            for arch in archs]
+            for i, (spec, spec_archs) in enumerate(specs[(op.name, t)])
+            for arch in spec_archs]
 
 
-def _compile_in_worker(op_name: str, type_name: str, spec_index: int, arch: int, cache: str) -> Compiled:
-    op = ops_mod.BY_NAME[op_name]
-    job = Job(op, type_name, spec_index, op.specializations(type_name)[spec_index], arch)
+def _compile_in_worker(op_name: str, type_name: str, spec_index: int, spec: Spec, arch: int, cache: str) -> Compiled:
+    job = Job(ops_mod.BY_NAME[op_name], type_name, spec_index, spec, arch)
     return compile_job(job, pathlib.Path(cache))
 
 
@@ -67,8 +76,10 @@ def parse_archs(text: str | None) -> tuple[int, ...]:
 
 
 def build_library(archs=DEFAULT_ARCHS, out_dir=None, *, cache_dir=None, jobs: int | None = None,
-                  ort_include=None, cc: str | None = None, log=None) -> pathlib.Path:
-    """Compile every kernel for `archs`, embed them in libort_triton.so under `out_dir`; returns its path."""
+                  ort_include=None, cc: str | None = None, log=None, tuning_table=None) -> pathlib.Path:
+    """Compile every kernel for `archs`, embed them in libort_triton.so under `out_dir`; returns its path.
+    tuning_table: a table from `ort-triton tune` (ort_triton/tuning.py) whose configs are built ahead of the
+    built-in ones for the archs they were tuned on."""
     import triton
 
     log = log or (lambda msg: None)
@@ -78,7 +89,16 @@ def build_library(archs=DEFAULT_ARCHS, out_dir=None, *, cache_dir=None, jobs: in
     include = find_ort_include(ort_include, cache)
     kernel_cache = cache / "kernels"
 
-    all_jobs = _jobs(archs)
+    header, tuned = tuning.load(tuning_table) if tuning_table else ({}, [])
+    unused = sorted({e.arch for e in tuned if not e.builtin and e.arch not in archs})
+    if unused:
+        log(f"tuning table: its entries for sm_{', sm_'.join(map(str, unused))} are left out: not in --arch "
+            f"{','.join(map(str, archs))}")
+    specs = spec_table(archs, tuned)
+    n_tuned = sum(len(tuning.tuned_specs(tuned, op, t, archs)) for op, t in _registrations())
+    if tuning_table:
+        log(f"tuning table {tuning_table}: {n_tuned} tuned spec(s) of {len(tuned)} entries")
+    all_jobs = _jobs(specs)
     todo = [j for j in all_jobs if not (kernel_cache / f"{j.cache_key()}.cubin").exists()]
     log(f"{len(all_jobs)} kernels for sm_{',sm_'.join(map(str, archs))}: {len(all_jobs) - len(todo)} cached, "
         f"{len(todo)} to compile")
@@ -88,7 +108,7 @@ def build_library(archs=DEFAULT_ARCHS, out_dir=None, *, cache_dir=None, jobs: in
     if todo and workers > 1:
         ctx = multiprocessing.get_context("spawn")  # no Triton state shared across a fork
         with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-            futures = {pool.submit(_compile_in_worker, j.op.name, j.type_name, j.spec_index, j.arch,
+            futures = {pool.submit(_compile_in_worker, j.op.name, j.type_name, j.spec_index, j.spec, j.arch,
                                    str(kernel_cache)): j for j in todo}
             for n, fut in enumerate(concurrent.futures.as_completed(futures), 1):
                 j = futures[fut]
@@ -109,7 +129,7 @@ def build_library(archs=DEFAULT_ARCHS, out_dir=None, *, cache_dir=None, jobs: in
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ort_triton_build_") as tmp:
         tmp = pathlib.Path(tmp)
-        table, images = generate(_registrations(), compiled, list(archs), tmp, triton.__version__)
+        table, images = generate(_registrations(), specs, compiled, list(archs), tmp, triton.__version__)
         lib_tmp = out / f".{LIBRARY_NAME}.{os.getpid()}.tmp"
         cmd = [cc or os.environ.get("CC", "cc"), "-std=c11", "-O2", "-fPIC", "-shared", "-fvisibility=hidden",
                "-Wall", "-Wextra", "-Werror", f"-I{include}", f"-I{NATIVE_DIR}",
@@ -127,6 +147,8 @@ def build_library(archs=DEFAULT_ARCHS, out_dir=None, *, cache_dir=None, jobs: in
         "library": LIBRARY_NAME, "archs": list(archs), "triton": triton.__version__,
         "ops": sorted({op.name for op, _ in _registrations()}),
         "kernels": len(all_jobs), "python": sys.version.split()[0],
+        "tuning": {"table": str(tuning_table), "tuned_specs": n_tuned, "gpu": header.get("gpu"),
+                   "model": header.get("model")} if tuning_table else None,
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     log(f"wrote {lib} ({lib.stat().st_size / 1e6:.1f} MB)")

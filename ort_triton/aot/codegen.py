@@ -32,9 +32,10 @@ def _c_array(values, width: int) -> str:
     return "{" + ", ".join(str(int(v)) + "LL" for v in values) + "}" if values else "{0}"
 
 
-def generate(ops: list[tuple[OpContract, str]], compiled: dict, archs: list[int], out_dir: pathlib.Path,
-             triton_version: str) -> tuple[pathlib.Path, pathlib.Path]:
-    """ops: (contract, element type) in registration order. compiled[(op, type, spec_index, arch)] -> Compiled.
+def generate(ops: list[tuple[OpContract, str]], specs: dict, compiled: dict, archs: list[int],
+             out_dir: pathlib.Path, triton_version: str) -> tuple[pathlib.Path, pathlib.Path]:
+    """ops: (contract, element type) in registration order. specs[(op name, type)]: [(spec, archs)] in
+    dispatch order (aot/build.py spec_table). compiled[(op, type, spec_index, arch)] -> Compiled.
     Returns (table.c, images.S)."""
     asm = ['\t.section .note.GNU-stack,"",@progbits', "\t.section .rodata"]
     c = [
@@ -60,24 +61,26 @@ def generate(ops: list[tuple[OpContract, str]], compiled: dict, archs: list[int]
                   "void *const *, const double *, void *, void **);")
     spec_arrays = []
     for oi, (op, type_name) in enumerate(ops):
-        specs = op.specializations(type_name)
+        op_specs = specs[(op.name, type_name)]
         rows = []
-        for si, spec in enumerate(specs):
+        for si, (spec, spec_archs) in enumerate(op_specs):
             images = []
-            for arch in archs:
+            for arch in spec_archs:
                 comp = compiled[(op.name, type_name, si, arch)]
                 sym, size = image_symbol(comp)
                 images.append(f"{{{arch}, {sym}, {size}u, {comp.shared}u, {comp.num_warps}u}}")
             if len(images) > MAX_ARCHS or len(spec.keys) > MAX_KEYS or len(spec.consts) > MAX_CONSTS:
                 raise ValueError(f"{op.name}: spec {si} exceeds the native table's limits")
-            kernel_name = compiled[(op.name, type_name, si, archs[0])].kernel_name
+            kernel_name = compiled[(op.name, type_name, si, spec_archs[0])].kernel_name
             rows.append(
                 f"  {{{_c_str(kernel_name)}, {len(images)}, {{{', '.join(images)}}}, {len(spec.keys)}, "
                 f"{_c_array((k[0] for k in spec.keys), MAX_KEYS)}, {_c_array((k[1] for k in spec.keys), MAX_KEYS)}, "
                 f"{_c_array(spec.consts, MAX_CONSTS)}, {si}}},")
-        spec_arrays.append((f"ot_specs_{oi}", len(specs), rows))
+        # specs built for fewer archs than the library (tuned ones, first): dispatch must then know the GPU
+        n_tuned = sum(1 for _spec, a in op_specs if tuple(a) != tuple(archs))
+        spec_arrays.append((f"ot_specs_{oi}", len(op_specs), rows, n_tuned))
     c += [""] + sorted(decls) + [""]
-    for name, _n, rows in spec_arrays:
+    for name, _n, rows, _tuned in spec_arrays:
         c += [f"static const ot_spec {name}[] = {{", *rows, "};"]
 
     c += ["", "const ot_op ot_ops[] = {"]
@@ -86,9 +89,9 @@ def generate(ops: list[tuple[OpContract, str]], compiled: dict, archs: list[int]
         ins = ", ".join(f"{{{_c_str(i.name)}, {t}, {int(i.optional)}}}" for i in op.inputs)
         outs = ", ".join(f"{{{_c_str(o.name)}, {t}, {int(o.optional)}}}" for o in op.outputs)
         attrs = ", ".join(f"{{{_c_str(a.name)}, {ATTR_KINDS[a.kind]}, {float(a.default)!r}}}" for a in op.attrs)
-        name, n_specs, _rows = spec_arrays[oi]
+        name, n_specs, _rows, n_tuned = spec_arrays[oi]
         c.append(f"  {{{_c_str(op.name)}, {t}, {len(op.inputs)}, {{{ins}}}, {len(op.outputs)}, {{{outs}}}, "
-                 f"{len(op.attrs)}, {{{attrs or '{0}'}}}, {n_specs}, {name}, "
+                 f"{len(op.attrs)}, {{{attrs or '{0}'}}}, {n_specs}, {name}, {n_tuned}, "
                  f"{op.kernel.native_plan}, {op.kernel.native_params}}},")
     c += ["};", f"const int ot_n_ops = {len(ops)};", f"const char ot_domain[] = {_c_str(DOMAIN)};",
           f"const int ot_domain_version = {DOMAIN_VERSION};",

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import sys
 import tempfile
@@ -32,7 +33,7 @@ import numpy as np
 
 from .. import decoders
 from .harness import Clock, _release, _short, environment
-from .runtimes import library_reason
+from .runtimes import TUNED_LIBRARY_ENV, library_reason, tuned_library_reason
 
 CEILING_GBS = 4080.0
 RUNTIMES = ("ort_stock", "ort_opset23", "ort_opset23_cuda_graph", "onnxscript_fusions", "ort_optimizer",
@@ -202,11 +203,13 @@ class OrtOpset23CudaGraph(OrtOpset23):
 class _Rewritten(OrtRuntime):
     """A runtime whose file is a rewrite of an export, made once."""
 
+    file_name = None  # the rewrite's name in the work directory (default: the runtime's)
+
     def rewrite(self, m: Model, out: pathlib.Path) -> None:
         raise NotImplementedError
 
     def model_file(self, m):
-        out = m.work / f"{m.name}.{m.dtype}.{self.name}.onnx"
+        out = m.work / f"{m.name}.{m.dtype}.{self.file_name or self.name}.onnx"
         if done(out):  # made by an earlier run in this work directory
             self.info = out.with_name(out.name + ".done").read_text()
         else:
@@ -252,6 +255,8 @@ class OrtOptimizer(_Rewritten):
 
 class OrtTriton(_Rewritten):
     name = "ort_triton"
+    file_name = "ort_triton"  # one fused model for every ort_triton runtime
+    library = None  # the default library
 
     def available(self, m):
         reason = super().available(m)
@@ -272,7 +277,8 @@ class OrtTriton(_Rewritten):
         providers = ["CPUExecutionProvider"]
         if m.device == "cuda":
             providers = [("CUDAExecutionProvider", {"enable_cuda_graph": "1"} if self.cuda_graph else {})]
-        return make_session(path or self.model_file(m), providers=providers, session_options=self.session_options())
+        return make_session(path or self.model_file(m), providers=providers, session_options=self.session_options(),
+                            library=self.library)
 
 
 class OrtTritonStatic(OrtTriton):
@@ -307,6 +313,26 @@ class OrtTritonStatic(OrtTriton):
 
 class OrtTritonCudaGraph(OrtTritonStatic):
     name, cuda_graph = "ort_triton_cuda_graph", True
+
+
+class _TunedLibrary:
+    """The same fused model with the library of a tuning table ($ORT_TRITON_TUNED_LIBRARY, built with
+    `ort-triton build --tuning`): what tuning buys, beside the default library in one run (opt-in)."""
+
+    def available(self, m):
+        reason = super().available(m) or (None if m.device == "cuda" else "the tuned library runs on CUDA only")
+        reason = reason or tuned_library_reason()
+        if not reason:
+            self.library = os.environ[TUNED_LIBRARY_ENV]
+        return reason
+
+
+class OrtTritonTuned(_TunedLibrary, OrtTriton):
+    name = "ort_triton_tuned"
+
+
+class OrtTritonTunedCudaGraph(_TunedLibrary, OrtTritonCudaGraph):
+    name = "ort_triton_tuned_cuda_graph"
 
 
 # ---- PyTorch -----------------------------------------------------------------------------------------
@@ -358,7 +384,7 @@ class TorchCompileCudaGraph(TorchCompile):
 
 ALL = {rt.name: rt for rt in (OrtRuntime, OrtOpset23, OrtOpset23CudaGraph, OnnxscriptFusions, OrtOptimizer,
                               OrtTriton, OrtTritonStatic, OrtTritonCudaGraph, TorchEager, TorchCompile,
-                              TorchCompileCudaGraph)}
+                              TorchCompileCudaGraph, OrtTritonTuned, OrtTritonTunedCudaGraph)}
 
 
 # ---- the loop -----------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ import onnx
 
 from ..compare import diff, random_inputs
 from . import report
-from .runtimes import RUNTIMES, BenchModel
+from .runtimes import DEFAULT_RUNTIMES, RUNTIMES, BenchModel
 
 DEFAULT_SHAPES = ((1, 128), (8, 128), (8, 512))
 MEM_METHOD = "cudaMemGetInfo (total - free) after the runs minus before the session was made"
@@ -307,7 +307,7 @@ def bench(model=None, *, hf_config: str | None = None, shapes=DEFAULT_SHAPES, ru
     """Benchmark `model` (a path) and/or the model of `hf_config` on each runtime at each (batch, seq).
     Returns one row per (shape, runtime); with `out_dir`, writes JSON and CSV after every shape and the
     PNG at the end (report.py). Runtimes that cannot run are 'skipped' rows, failures 'failed' rows."""
-    names = list(runtimes or RUNTIMES)
+    names = list(runtimes or DEFAULT_RUNTIMES)
     unknown = [n for n in names if n not in RUNTIMES]
     if unknown:
         raise BenchError(f"unknown runtime(s) {', '.join(unknown)}; known: {', '.join(RUNTIMES)}")

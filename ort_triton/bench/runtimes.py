@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import os
 import pathlib
 from collections.abc import Callable
 
@@ -234,11 +235,15 @@ def library_reason() -> str | None:
     return None
 
 
+TUNED_LIBRARY_ENV = "ORT_TRITON_TUNED_LIBRARY"
+
+
 class OrtTriton(OrtStock):
     """graph_rewrites.optimize, then an ORT session with the ort_triton library (on CUDA; on the CPU the
     ops run their ONNX function bodies)."""
 
     name = "ort_triton"
+    library = None  # the default library (get_library_path)
 
     def available(self, model):
         reason = super().available(model)
@@ -258,16 +263,17 @@ class OrtTriton(OrtStock):
     def session(self, path, model):
         from ..runtime import make_session
 
-        return make_session(path, providers=self.providers(model), session_options=self.session_options())
+        return make_session(path, providers=self.providers(model), session_options=self.session_options(),
+                            library=self.library)
 
     def prepare(self, model, shape, inputs):
         runner = super().prepare(model, shape, inputs)
         if model.device == "cuda":  # proof that our kernels ran rather than the function bodies
             from ..runtime import launch_count
 
-            before = launch_count()
+            before = launch_count(self.library)
             runner.run()  # the first run of a session is never a graph replay, so every launch counts
-            launches = launch_count() - before
+            launches = launch_count(self.library) - before
             self.info = (f"{self.fused}; {launches} library kernel launches in the first run" +
                          (" (ORT runs the model more than once in it, then captures the graph)" if self.cuda_graph
                           else ""))
@@ -276,6 +282,34 @@ class OrtTriton(OrtStock):
 
 class OrtTritonCudaGraph(OrtTriton):
     name = "ort_triton_cuda_graph"
+    cuda_graph = True
+
+
+def tuned_library_reason() -> str | None:
+    path = os.environ.get(TUNED_LIBRARY_ENV)
+    if not path:
+        return f"set {TUNED_LIBRARY_ENV} to a library built with `ort-triton build --tuning TABLE`"
+    return None if pathlib.Path(path).is_file() else f"{TUNED_LIBRARY_ENV}={path}: no such file"
+
+
+class OrtTritonTuned(OrtTriton):
+    """ort_triton with the library of a tuning table ($ORT_TRITON_TUNED_LIBRARY, `ort-triton build --tuning`),
+    beside ort_triton's default library in the same run: what tuning buys (opt-in: --runtimes)."""
+
+    name = "ort_triton_tuned"
+
+    def available(self, model):
+        reason = super().available(model)
+        if reason or model.device != "cuda":
+            return reason or "the tuned library runs on CUDA only"
+        reason = tuned_library_reason()
+        if not reason:
+            self.library = os.environ[TUNED_LIBRARY_ENV]
+        return reason
+
+
+class OrtTritonTunedCudaGraph(OrtTritonTuned):
+    name = "ort_triton_tuned_cuda_graph"
     cuda_graph = True
 
 
@@ -473,6 +507,9 @@ class TensorRT(Runtime):
 
 RUNTIMES: dict[str, type[Runtime]] = {cls.name: cls for cls in (
     OrtStock, OrtStockCudaGraph, OrtOptimizer, OnnxscriptFusions, OrtTriton, OrtTritonCudaGraph,
-    TorchEager, TorchCompile, TorchCompileCudaGraph, TensorRT, OrtOptimizerSameExport)}
+    TorchEager, TorchCompile, TorchCompileCudaGraph, TensorRT, OrtOptimizerSameExport, OrtTritonTuned,
+    OrtTritonTunedCudaGraph)}
+# what runs when --runtimes is not given: the tuned library is opt-in (it needs a tuning table first)
+DEFAULT_RUNTIMES = tuple(n for n in RUNTIMES if not n.startswith("ort_triton_tuned"))
 # ort_triton's own rows; every other runtime is a peer ("best peer" in the report)
-OURS = ("ort_triton", "ort_triton_cuda_graph")
+OURS = ("ort_triton", "ort_triton_cuda_graph", "ort_triton_tuned", "ort_triton_tuned_cuda_graph")

@@ -22,7 +22,7 @@ int ot_bias_gelu_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_ou
   const int64_t h = x->dims[x->rank - 1];
   if (ot_check_vector(op, in, 1, h, err, err_len)) return 1;
   const int64_t keys[N_KEYS] = {h % 16 == 0};
-  const ot_spec *spec = ot_find_spec(op, keys, N_KEYS);
+  const ot_spec *spec = ot_find_spec(op, keys, N_KEYS, plan->arch);
   if (!spec || spec->consts[CONST_ROWS] < 1 || spec->consts[CONST_BLOCK_H] < 1) {
     snprintf(err, err_len, "this library holds no kernel for H=%lld; rebuild it with the op included",
              (long long)h);

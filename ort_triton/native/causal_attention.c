@@ -114,7 +114,7 @@ int ot_causal_attention_plan(const ot_op *op, const ot_desc *in, int n_inputs, i
   }
   const int64_t rows = group * s;
   const int64_t keys[N_KEYS] = {head_dim, rows};
-  const ot_spec *spec = ot_find_spec(op, keys, N_KEYS);
+  const ot_spec *spec = ot_find_spec(op, keys, N_KEYS, plan->arch);
   if (!spec) {
     char dims[256];
     supported_head_dims(op, dims, sizeof dims);

@@ -164,9 +164,8 @@ static int get_function(CUcontext ctx, const ot_image *image, const char *kernel
   return rc;
 }
 
-/* The part of a launch that needs ctx current. */
-static int launch_current(CUcontext ctx, const ot_spec *spec, const unsigned grid[3], CUstream stream,
-                          void **params, char *err, size_t err_len) {
+/* 10 * major + minor of the current context's device. */
+static int current_arch(int *arch, char *err, size_t err_len) {
   CUdevice dev;
   int major, minor;
   CUresult r = cu.cuCtxGetDevice(&dev);
@@ -174,16 +173,37 @@ static int launch_current(CUcontext ctx, const ot_spec *spec, const unsigned gri
   if ((r = cu.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)) != CUDA_SUCCESS ||
       (r = cu.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)) != CUDA_SUCCESS)
     return cu_fail(r, "cuDeviceGetAttribute(COMPUTE_CAPABILITY)", "", err, err_len);
+  *arch = 10 * major + minor;
+  return 0;
+}
 
-  const ot_image *image = ot_pick_image(spec, 10 * major + minor, err, err_len);
+/* The part of a launch that needs ctx current. */
+static int launch_current(CUcontext ctx, const ot_spec *spec, const unsigned grid[3], CUstream stream,
+                          void **params, char *err, size_t err_len) {
+  int arch;
+  if (current_arch(&arch, err, err_len)) return 1;
+  const ot_image *image = ot_pick_image(spec, arch, err, err_len);
   if (!image) return 1;
   CUfunction fn;
   if (get_function(ctx, image, spec->kernel_name, &fn, err, err_len)) return 1;
 
-  r = cu.cuLaunchKernel(fn, grid[0], grid[1], grid[2], 32u * image->num_warps, 1, 1, image->shared_bytes, stream,
-                        params, NULL);
+  CUresult r = cu.cuLaunchKernel(fn, grid[0], grid[1], grid[2], 32u * image->num_warps, 1, 1, image->shared_bytes, stream,
+                                 params, NULL);
   if (r != CUDA_SUCCESS) return cu_fail(r, "cuLaunchKernel", "", err, err_len);
   return 0;
+}
+
+int ot_cuda_stream_arch(void *stream, int *arch) {
+  char err[1024];
+  if (ot_cuda_driver_status(err, sizeof err)) return 1;
+  CUcontext ctx = NULL, current = NULL;
+  if ((stream ? cu.cuStreamGetCtx((CUstream)stream, &ctx) : cu.cuCtxGetCurrent(&ctx)) != CUDA_SUCCESS || !ctx) return 1;
+  if (cu.cuCtxGetCurrent(&current) != CUDA_SUCCESS) return 1;
+  if (current != ctx && cu.cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS) return 1;
+  int rc = current_arch(arch, err, sizeof err);
+  CUcontext popped;
+  if (current != ctx && cu.cuCtxPopCurrent_v2(&popped) != CUDA_SUCCESS) rc = 1;
+  return rc;
 }
 
 int ot_cuda_launch(const ot_spec *spec, const unsigned grid[3], void *stream, void **params, char *err,

@@ -20,6 +20,10 @@ int ot_cuda_driver_status(char *err, size_t err_len);
 /* Launch spec's kernel on stream (a CUstream; NULL: the current context's default stream) with the
  * image that fits the stream's device. params is the full parameter array cuLaunchKernel takes.
  * Thread-safe. Returns 0, or nonzero with a message in err. */
+/* The arch (10 * major + minor) of the device whose context owns stream (NULL: the current context);
+ * 0 on success, 1 when there is no usable driver or context (the launch then says why). */
+int ot_cuda_stream_arch(void *stream, int *arch);
+
 int ot_cuda_launch(const ot_spec *spec, const unsigned grid[3], void *stream, void **params, char *err,
                    size_t err_len);
 

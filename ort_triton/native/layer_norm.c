@@ -73,7 +73,7 @@ int ot_layer_norm_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_o
   if (has_beta && ot_check_vector(op, in, beta_index(op), h, err, err_len)) return 1;
 
   const int64_t keys[N_KEYS] = {has_beta, skip && n_outputs == 2, h % 16 == 0, h};
-  const ot_spec *spec = ot_find_spec(op, keys, N_KEYS);
+  const ot_spec *spec = ot_find_spec(op, keys, N_KEYS, plan->arch);
   if (!spec) {
     no_spec_error(op, keys, err, err_len);
     return 1;

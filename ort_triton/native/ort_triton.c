@@ -81,7 +81,7 @@ static int rank_error(const ot_op *op, int input, size_t rank, char *err, size_t
 
 /* The checks every op shares (inputs present when required, element types, output count), then the
  * op's own planner. in[] has op->n_inputs entries. */
-static int plan_node(const ot_op *op, const ot_desc *in, int n_outputs, const double *attrs, ot_plan *plan,
+static int plan_node(const ot_op *op, const ot_desc *in, int n_outputs, const double *attrs, int arch, ot_plan *plan,
                      char *err, size_t err_len) {
   for (int i = 0; i < op->n_inputs; i++) {
     if (!in[i].present && !op->inputs[i].optional) {
@@ -106,6 +106,7 @@ static int plan_node(const ot_op *op, const ot_desc *in, int n_outputs, const do
     return 1;
   }
   memset(plan, 0, sizeof *plan);
+  plan->arch = arch;
   return op->plan(op, in, op->n_inputs, n_outputs, attrs, plan, err, err_len);
 }
 
@@ -192,7 +193,11 @@ static OrtStatus *ORT_API_CALL kernel_compute(void *state, OrtKernelContext *con
   }
 
   ot_plan plan;
-  if (plan_node(op, in, k->n_outputs, k->attrs, &plan, err, sizeof err))
+  /* Specs tuned for one arch are picked by the GPU of ORT's stream (a few driver queries, so only for ops
+   * that have them); without a usable driver, plan for any arch: the launch then says what is missing. */
+  int arch = 0;
+  if (op->n_tuned && ot_cuda_stream_arch(stream, &arch)) arch = 0;
+  if (plan_node(op, in, k->n_outputs, k->attrs, arch, &plan, err, sizeof err))
     return op_status(api, ORT_INVALID_ARGUMENT, op, err);
 
   for (int o = 0; o < k->n_outputs; o++) {
@@ -429,7 +434,7 @@ OT_EXPORT int ort_triton_plan_attrs(const char *op_name, int elem_type, int arch
   }
 
   ot_plan plan;
-  if (plan_node(op, in, n_outputs, values, &plan, err, sizeof err)) {
+  if (plan_node(op, in, n_outputs, values, arch, &plan, err, sizeof err)) {
     prefix_message(op, err, msg, msg_len);
     return ORT_INVALID_ARGUMENT;
   }

@@ -66,8 +66,10 @@ typedef struct {
   int64_t dims[8];
 } ot_desc;
 
-/* What a planner decides: which specialisation, which grid, the output shapes. */
+/* What a planner decides: which specialisation, which grid, the output shapes. `arch` is the one input:
+ * the GPU the plan is for (10 * major + minor; 0 for any), set by the caller, read by ot_find_spec. */
 typedef struct {
+  int arch;
   const ot_spec *spec;
   unsigned grid[3];
   ot_desc outputs[OT_MAX_IO];   /* shape of each output the node asks for */
@@ -97,6 +99,8 @@ typedef struct ot_op {
   ot_attr attrs[OT_MAX_ATTRS];
   int n_specs;
   const ot_spec *specs;
+  int n_tuned;                /* specs (the first ones, from a tuning table) built for fewer archs than the
+                               * library: nonzero makes compute ask the GPU's arch before dispatch */
   ot_plan_fn plan;
   ot_params_fn params;
 } ot_op;
@@ -107,7 +111,10 @@ extern const char ot_domain[];
 extern const int ot_domain_version;
 extern const char ot_build_info[]; /* e.g. "archs=80,86,89,90 triton=3.6.0" */
 
-/* Generic helper shared by the planners: the first spec whose keys all fit, or NULL. */
-const ot_spec *ot_find_spec(const ot_op *op, const int64_t *keys, int n_keys);
+/* Generic helper shared by the planners: the first spec whose keys all fit and that holds an image for
+ * arch (a spec tuned on one GPU is built for that arch only, ahead of the defaults: ort-triton tune); when
+ * none holds one (or arch is 0), the first whose keys fit, whose missing image the launch then reports.
+ * NULL when no spec's keys fit. */
+const ot_spec *ot_find_spec(const ot_op *op, const int64_t *keys, int n_keys, int arch);
 
 #endif

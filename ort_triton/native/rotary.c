@@ -97,7 +97,7 @@ int ot_rotary_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_outpu
   rotary_shape sh;
   if (shape_of(op, in, attrs, &sh, err, err_len)) return 1;
   const int64_t keys[N_KEYS] = {sh.d, sh.d % 16 == 0 && sh.w % 16 == 0};
-  const ot_spec *spec = ot_find_spec(op, keys, N_KEYS);
+  const ot_spec *spec = ot_find_spec(op, keys, N_KEYS, plan->arch);
   if (!spec) {
     snprintf(err, err_len, "head_dim %lld (dim 3 of input %s) is not supported; this library's kernels take "
                            "head_dim up to %lld", (long long)sh.d, op->inputs[IN_X].name,

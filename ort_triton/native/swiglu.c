@@ -31,7 +31,7 @@ int ot_silu_mul_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_out
   }
   const int64_t width = gate->dims[gate->rank - 1];
   const int64_t keys[N_KEYS] = {width % 16 == 0};
-  const ot_spec *spec = ot_find_spec(op, keys, N_KEYS);
+  const ot_spec *spec = ot_find_spec(op, keys, N_KEYS, plan->arch);
   if (!spec || spec->consts[CONST_ROWS] < 1 || spec->consts[CONST_BLOCK_I] < 1) {
     snprintf(err, err_len, "this library holds no kernel for I=%lld; rebuild it with the op included",
              (long long)width);

@@ -33,7 +33,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from ..contract import IO, Attr, Kernel, OpContract, Spec, attr_ref
+from ..contract import ANY, IO, Attr, Kernel, OpContract, Spec, Tuning, attr_ref, pow2_bucket
 
 HEAD_DIMS = (32, 40, 64, 80, 96, 128)
 
@@ -99,7 +99,7 @@ KERNEL = Kernel(
                "N": "i32", "SQ": "i32", "SKV": "i32", "scale": "fp32"},
     native_plan="ot_attention_plan",
     native_params="ot_attention_params",
-    dispatch_keys=("head_dim", "seq_div16"),
+    dispatch_keys=("head_dim", "seq_div16", "sq"),
 )
 
 
@@ -146,16 +146,66 @@ def _specs(type_name: str) -> list[Spec]:
     for d in HEAD_DIMS:
         cfg = block_config(d, type_name)
         for aligned in (1, 0):
-            specs.append(Spec(
-                constexprs={"HEAD_DIM": d, "BLOCK_D": cfg["BLOCK_D"], "BLOCK_M": cfg["BLOCK_M"],
-                            "BLOCK_N": cfg["BLOCK_N"]},
-                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-                keys=((d, d), (aligned, 1)),
-                pre_hopper=cfg["pre_hopper"],
-                consts=(cfg["BLOCK_M"], cfg["BLOCK_N"], d),
-                divisible_by_16=("Q", "K", "V", "KB", "BV", "Y") + (("SQ", "SKV") if aligned else ()),
-            ))
+            specs.append(_spec(type_name, ((d, d), (aligned, 1), (0, ANY)), cfg))  # any Sq: tuned specs narrow it
     return specs
+
+
+def _spec(type_name: str, keys: tuple[tuple[int, int], ...], cfg: dict) -> Spec:
+    """The spec of a config for the key ranges ((D, D), (aligned lo, 1), (Sq lo, Sq hi)); aligned lo = 1
+    promises Sq and Skv multiples of 16."""
+    d, aligned = keys[0][0], keys[1][0]
+    block_d = max(16, 1 << (d - 1).bit_length())
+    return Spec(
+        constexprs={"HEAD_DIM": d, "BLOCK_D": block_d, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"]},
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        keys=tuple(keys),
+        pre_hopper=cfg.get("pre_hopper"),
+        consts=(cfg["BLOCK_M"], cfg["BLOCK_N"], d),
+        divisible_by_16=("Q", "K", "V", "KB", "BV", "Y") + (("SQ", "SKV") if aligned else ()),
+    )
+
+
+# ---- tuning (ort-triton tune) -------------------------------------------------------------------------
+_TUNED = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+
+
+def _tune_keys(type_name: str, shapes: list, attrs: dict) -> tuple[int, ...]:
+    (_b, sq, hidden), skv = shapes[0], shapes[1][1]
+    return (hidden // int(attrs["num_heads"]), int(sq % 16 == 0 and skv % 16 == 0), sq)
+
+
+def _tune_bucket(keys: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    return ((keys[0], keys[0]), (keys[1], 1), pow2_bucket(keys[2]))
+
+
+def _tune_candidates(type_name: str, keys: tuple[int, ...], arch: int) -> list[dict]:
+    """The built-in config for arch, then the tiles around it (fp32: 3xTF32 dots, smaller tiles)."""
+    cfg = block_config(keys[0], type_name)
+    warps, stages = cfg["pre_hopper"] if cfg["pre_hopper"] and arch < 90 else (cfg["num_warps"], cfg["num_stages"])
+    builtin = dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], num_warps=warps, num_stages=stages)
+    half = type_name != "float"
+    ms, ns = ((64, 128), (32, 64, 128)) if half else ((16, 32, 64), (16, 32, 64))
+    grid = [dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=st)
+            for m in ms for n in ns for w in (4, 8) for st in (2, 3)]
+    return [builtin] + [c for c in grid if c != builtin]
+
+
+def _tune_runner(type_name: str, shapes: list, attrs: dict, config: dict, device: str):
+    import torch
+
+    from ..kernels.attention import attention
+
+    dtype = {"float": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[type_name]
+    gen = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (torch.randn(sh, generator=gen, device=device).to(dtype) for sh in shapes[:3])
+    kb = torch.zeros(shapes[3], device=device, dtype=dtype)
+    v_bias = torch.zeros(shapes[0][-1], device=device, dtype=dtype)
+    y = torch.empty_like(q)
+    heads, scale = int(attrs["num_heads"]), float(attrs.get("scale", 1.0))
+    return lambda: attention(q, k, v, kb, heads, scale, v_bias=v_bias, out=y, config=config)
+
+
+TUNING = Tuning(keys=_tune_keys, bucket=_tune_bucket, candidates=_tune_candidates, spec=_spec, runner=_tune_runner)
 
 
 MULTI_HEAD_ATTENTION = OpContract(
@@ -172,4 +222,5 @@ MULTI_HEAD_ATTENTION = OpContract(
     reference=reference_attention,
     kernel=KERNEL,
     specializations=_specs,
+    tuning=TUNING,
 )

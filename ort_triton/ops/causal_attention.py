@@ -35,7 +35,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from ..contract import IO, Attr, Kernel, OpContract, Spec, attr_ref
+from ..contract import ANY, IO, Attr, Kernel, OpContract, Spec, Tuning, attr_ref, pow2_bucket
 from .attention import HEAD_DIMS
 
 
@@ -163,21 +163,70 @@ def block_config(head_dim: int, type_name: str, rows: int) -> dict:
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=warps, num_stages=stages)
 
 
+def _spec(type_name: str, keys: tuple[tuple[int, int], ...], cfg: dict) -> Spec:
+    """The spec of a config (tiles + launch options) for the key ranges ((D, D), (rows lo, rows hi))."""
+    d = keys[0][0]
+    block_d = max(16, 1 << (d - 1).bit_length())
+    return Spec(
+        constexprs={"HEAD_DIM": d, "BLOCK_D": block_d, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"]},
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        keys=tuple(keys),
+        consts=(cfg["BLOCK_M"], cfg["BLOCK_N"], d),
+        divisible_by_16=("Q", "K", "V", "KB", "Y"),
+    )
+
+
 def _specs(type_name: str) -> list[Spec]:
     """Per head dim: the decode spec (rows 0..DECODE_ROWS), then the prefill spec (any more rows)."""
-    specs = []
-    for d in HEAD_DIMS:
-        for lo, hi in ((0, DECODE_ROWS), (DECODE_ROWS + 1, 1 << 62)):
-            cfg = block_config(d, type_name, hi)
-            specs.append(Spec(
-                constexprs={"HEAD_DIM": d, "BLOCK_D": cfg["BLOCK_D"], "BLOCK_M": cfg["BLOCK_M"],
-                            "BLOCK_N": cfg["BLOCK_N"]},
-                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-                keys=((d, d), (lo, hi)),
-                consts=(cfg["BLOCK_M"], cfg["BLOCK_N"], d),
-                divisible_by_16=("Q", "K", "V", "KB", "Y"),
-            ))
-    return specs
+    return [_spec(type_name, ((d, d), (lo, hi)), block_config(d, type_name, hi))
+            for d in HEAD_DIMS for lo, hi in ((0, DECODE_ROWS), (DECODE_ROWS + 1, ANY))]
+
+
+# ---- tuning (ort-triton tune) -------------------------------------------------------------------------
+_TUNED = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+
+
+def _tune_keys(type_name: str, shapes: list, attrs: dict) -> tuple[int, ...]:
+    (_b, nq, s, d), k = shapes[0], shapes[1]
+    return (d, (nq // k[1]) * s)
+
+
+def _tune_bucket(keys: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    # a decode bucket never crosses DECODE_ROWS: the built-in split stays where a tuned one is absent
+    lo, hi = pow2_bucket(keys[1])
+    lo, hi = (lo, min(hi, DECODE_ROWS)) if keys[1] <= DECODE_ROWS else (max(lo, DECODE_ROWS + 1), hi)
+    return ((keys[0], keys[0]), (lo, hi))
+
+
+def _tune_candidates(type_name: str, keys: tuple[int, ...], arch: int) -> list[dict]:
+    """The built-in config, then tiles around it: BLOCK_M 16 only for decode rows (tl.dot's least; more rows
+    would be masked), fp32's 3xTF32 dots hold operands twice, so smaller tiles there."""
+    d, rows = keys
+    builtin = {k: v for k, v in block_config(d, type_name, rows).items() if k in _TUNED}
+    half = type_name != "float"
+    ms = (16,) if rows <= DECODE_ROWS else ((32, 64, 128) if half else (16, 32))
+    ns = (32, 64, 128) if half else (16, 32, 64)
+    grid = [dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=st)
+            for m in ms for n in ns for w in (4, 8) for st in (2, 3)]
+    return [builtin] + [c for c in grid if c != builtin]
+
+
+def _tune_runner(type_name: str, shapes: list, attrs: dict, config: dict, device: str):
+    import torch
+
+    from ..kernels.causal_attention import causal_attention
+
+    dtype = {"float": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[type_name]
+    gen = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (torch.randn(sh, generator=gen, device=device).to(dtype) for sh in shapes[:3])
+    kb = torch.zeros(shapes[3], device=device, dtype=dtype)
+    b, nq, s, d = shapes[0]
+    y = torch.empty((b, s, nq * d), device=device, dtype=dtype)
+    scale, rows = float(attrs.get("scale", 1.0)), int(attrs.get("masked_rows", 0))
+    return lambda: causal_attention(q, k, v, kb, scale, rows, out=y, config=config)
+
+
+TUNING = Tuning(keys=_tune_keys, bucket=_tune_bucket, candidates=_tune_candidates, spec=_spec, runner=_tune_runner)
 
 
 CAUSAL_ATTENTION = OpContract(
@@ -195,4 +244,5 @@ CAUSAL_ATTENTION = OpContract(
     reference=reference_causal_attention,
     kernel=KERNEL,
     specializations=_specs,
+    tuning=TUNING,
 )

@@ -1,0 +1,243 @@
+"""`ort-triton tune MODEL.onnx --shapes 1x128,8x512 [--decode 1x1024] [--budget-min N]`: pick kernel
+configurations per shape bucket on this GPU and write a tuning table for `ort-triton build --tuning`.
+
+    fused model + shapes -> the fused nodes' input shapes (one ORT run per shape, the nodes' inputs
+    exposed as outputs) -> problems (op, type, dispatch keys; one per bucket) -> time each op's candidate
+    configs (its contract's `tuning`: the built-in config first) with the Triton kernel -> the table
+
+Timing: triton.testing.do_bench_cudagraph (median of many replays after warm-up) on the GPU. A candidate replaces the
+built-in config only when it is faster by more than NOISE: a second run on an idle GPU then picks the same
+configs (within noise), and a tuned library is never slower than the built-in one by the tuner's own
+measure. A config that fails to compile or to launch (out of shared memory or registers) is skipped and
+listed with the reason. The budget is checked before each timing: problems it does not reach keep the
+built-in configs and are listed as not tuned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from . import ops as ops_mod
+from . import tuning
+
+NOISE = 0.03  # a candidate must beat the built-in config by 3% (run-to-run noise of do_bench on an idle GPU)
+
+
+@dataclasses.dataclass
+class Problem:
+    op: str
+    type: str
+    keys: tuple[int, ...]
+    bucket: tuple[tuple[int, int], ...]
+    shapes: list  # the node's input shapes at the first model shape that reached this bucket
+    attrs: dict
+    nodes: int = 0  # fused nodes in the model that meet it
+    seen_at: list = dataclasses.field(default_factory=list)  # the model shapes that reach it
+
+
+_TYPES = {1: "float", 10: "float16", 16: "bfloat16"}
+
+
+def _input_specs(proto):
+    inits = {t.name for t in proto.graph.initializer}
+    return [(vi.name, vi.type.tensor_type.elem_type, [d.dim_value if d.HasField("dim_value") else None
+                                                      for d in vi.type.tensor_type.shape.dim])
+            for vi in proto.graph.input if vi.name not in inits]
+
+
+def model_feeds(proto, batch: int, seq: int, past: int = 0, seed: int = 0) -> dict:
+    """Random inputs for one model shape. A model with a KV cache (inputs named past_*): S new tokens over
+    P cached positions (past_* [B, ..., P, D], attention_mask [B, P + S]); otherwise every symbolic dim is
+    B when first and S after. Token ids stay below the table they index."""
+    from .compare import index_ranges
+
+    rng = np.random.default_rng(seed)
+    ranges = index_ranges(proto)
+    cache = any(name.startswith("past") for name, _, _ in _input_specs(proto))
+    feeds = {}
+    for name, elem, dims in _input_specs(proto):
+        if cache and name.startswith("past"):
+            shape = [batch if i == 0 else (past if i == len(dims) - 2 else d) for i, d in enumerate(dims)]
+        elif cache and "mask" in name:
+            shape = [batch, past + seq]
+        else:
+            shape = [d if d is not None else (batch if i == 0 else seq) for i, d in enumerate(dims)]
+        if any(d is None for d in shape):
+            raise ValueError(f"input {name} has a dim this shape does not fix: {dims}")
+        if elem in _TYPES:
+            np_type = {"float": np.float32, "float16": np.float16, "bfloat16": np.float32}[_TYPES[elem]]
+            feeds[name] = rng.standard_normal(shape).astype(np_type)
+        elif "mask" in name:
+            feeds[name] = np.ones(shape, np.int64)
+        else:
+            feeds[name] = rng.integers(0, ranges.get(name, 2), shape, dtype=np.int64)
+    return feeds
+
+
+def _attrs(node, contract) -> dict:
+    from onnx import helper
+
+    given = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    return {a.name: given.get(a.name, a.default) for a in contract.attrs}
+
+
+def find_problems(model_path, shapes, *, decode=(), device: str = "cuda", library=None, log=print) -> list[Problem]:
+    """The tunable nodes of a fused model and their input shapes at each model shape: one run per shape
+    with those nodes' inputs added as outputs (ORT CUDA with the library, or ORT CPU through the function
+    bodies), grouped into problems by (op, type, bucket)."""
+    import onnx
+    import onnxruntime as ort
+
+    from .contract import DOMAIN
+
+    model_path = pathlib.Path(model_path)
+    proto = onnx.load(str(model_path), load_external_data=False)  # a 1B model's weights stay on disk
+    tunable = {op.name: op for op in ops_mod.ALL_OPS if op.tuning}
+    nodes = [n for n in proto.graph.node if n.domain == DOMAIN and n.op_type in tunable]
+    if not nodes:
+        ours = sorted({n.op_type for n in proto.graph.node if n.domain == DOMAIN})
+        raise ValueError(f"{model_path} has no tunable node ({', '.join(sorted(tunable))}); "
+                         + ("it has " + ", ".join(ours) if ours else "run `ort-triton optimize` on it first"))
+    outputs = {o.name for o in proto.graph.output}
+    wanted = list(dict.fromkeys(i for n in nodes for i in n.input if i and i not in outputs))
+    proto.graph.output.extend(onnx.ValueInfoProto(name=name) for name in wanted)
+    # the probe sits beside the model, so its external data paths resolve; removed when the session is made
+    probe = model_path.with_name(f".{model_path.stem}.tune-probe.{os.getpid()}.onnx")
+    try:
+        onnx.save(proto, str(probe))
+        if device == "cuda":
+            from .runtime import make_session
+
+            sess = make_session(probe, providers=["CUDAExecutionProvider"], library=library)
+        else:
+            sess = ort.InferenceSession(str(probe), providers=["CPUExecutionProvider"])
+    finally:
+        probe.unlink(missing_ok=True)
+    names = [o.name for o in sess.get_outputs()]
+    inits = {t.name: list(t.dims) for t in proto.graph.initializer}
+    problems: dict[tuple, Problem] = {}
+    runs = [("prefill" if decode else "shape", b, s, 0) for b, s in shapes] + [("decode", b, 1, p) for b, p in decode]
+    for kind, b, s, past in runs:
+        label = f"{kind} {b}x{past if kind == 'decode' else s}"
+        values = dict(zip(names, sess.run(None, model_feeds(proto, b, s, past))))
+        for n in nodes:
+            contract = tunable[n.op_type]
+            shapes_in = [list(values[i].shape) if i in values else inits.get(i) for i in n.input]
+            elem = values[n.input[0]].dtype
+            type_name = {"float32": "float", "float16": "float16"}.get(str(elem), "bfloat16")
+            attrs = _attrs(n, contract)
+            keys = contract.tuning.keys(type_name, shapes_in, attrs)
+            bucket = contract.tuning.bucket(keys)
+            p = problems.setdefault((n.op_type, type_name, bucket),
+                                    Problem(n.op_type, type_name, keys, bucket, shapes_in, attrs))
+            p.nodes += 1
+            if label not in p.seen_at:
+                p.seen_at.append(label)
+        log(f"  {label}: {len(nodes)} tunable node(s)")
+    return list(problems.values())
+
+
+def _gpu_timer(fn) -> float:
+    """Median ms of the kernel replayed in a CUDA graph: a decode-sized kernel runs for less time than
+    Python takes to launch it, so plain do_bench would time the launch (as the library's kernels run in
+    ORT's graphs, or back to back from C)."""
+    import triton.testing
+
+    fn()  # compile outside the capture
+    return float(triton.testing.do_bench_cudagraph(fn, rep=40, return_mode="median"))
+
+
+def _wall_timer(fn, runs: int = 3) -> float:
+    """Median wall time in ms (the CPU path: Triton's interpreter; the numbers mean nothing, the flow does)."""
+    fn()
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def _short(e: BaseException) -> str:
+    text = f"{type(e).__name__}: {e}".strip().splitlines()
+    return text[0][:200] if text else type(e).__name__
+
+
+def tune_problem(p: Problem, arch: int, device: str, deadline: float, timer, max_candidates=None) -> dict:
+    """Time the built-in config and the candidates (until the deadline); the entry for the table."""
+    contract = ops_mod.BY_NAME[p.op]
+    candidates = contract.tuning.candidates(p.type, p.keys, arch)[:max_candidates]
+    builtin = candidates[0]
+    timed, skipped = [], []
+    for i, cfg in enumerate(candidates):
+        if i and time.monotonic() > deadline:
+            skipped.append(dict(config=cfg, reason="budget"))
+            continue
+        try:
+            run = contract.tuning.runner(p.type, p.shapes, p.attrs, cfg, device)
+            timed.append((timer(run), cfg))
+        except Exception as e:  # noqa: BLE001  (a config that cannot compile or launch is skipped, said why)
+            if i == 0:
+                raise RuntimeError(f"{p.op} {p.type}: the built-in config {cfg} failed: {_short(e)}") from e
+            skipped.append(dict(config=cfg, reason=_short(e)))
+    builtin_ms = timed[0][0]
+    best_ms, best = min(timed, key=lambda t: t[0])
+    keep = best is builtin or best_ms > builtin_ms * (1 - NOISE)
+    return dict(op=p.op, type=p.type, arch=arch, keys=[list(r) for r in p.bucket],
+                config=builtin if keep else best, builtin=keep,
+                ms=builtin_ms if keep else best_ms, builtin_ms=builtin_ms,
+                problem=dict(shapes=p.shapes, attrs=p.attrs, keys=list(p.keys), nodes=p.nodes, seen_at=p.seen_at),
+                timed=len(timed), skipped=skipped)
+
+
+def tune(model_path, shapes, *, decode=(), out=None, budget_min: float = 10.0, device: str = "cuda",
+         arch: int | None = None, library=None, timer=None, max_candidates=None, log=print) -> pathlib.Path:
+    """Tune every tunable fused node of the model at the given shapes; writes the table (default: next to
+    the model, MODEL.tuning.json) and returns its path."""
+    import triton
+
+    t0 = time.monotonic()
+    model_path = pathlib.Path(model_path)
+    gpu = None
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("tuning times kernels on a GPU and torch sees none; run it on the GPU the model "
+                             "will serve on")
+        major, minor = torch.cuda.get_device_capability()
+        arch, gpu = arch or 10 * major + minor, torch.cuda.get_device_name()
+    elif arch is None:
+        raise ValueError("device cpu (Triton's interpreter, for tests) needs the arch to label the table with")
+    timer = timer or (_gpu_timer if device == "cuda" else _wall_timer)
+    log(f"tune {model_path.name} on {gpu or 'cpu (interpreter)'} (sm_{arch}), budget {budget_min:g} min")
+    problems = find_problems(model_path, shapes, decode=decode, device=device, library=library, log=log)
+    deadline = t0 + budget_min * 60
+    entries = []
+    for i, p in enumerate(problems, 1):
+        if time.monotonic() > deadline:
+            log(f"[{i}/{len(problems)}] {p.op} {p.type} keys {p.keys}: not tuned (budget spent): built-in kept")
+            continue
+        e = tune_problem(p, arch, device, deadline, timer, max_candidates)
+        entries.append(e)
+        verdict = ("built-in kept" if e["builtin"] else
+                   f"{e['builtin_ms'] / e['ms']:.2f}x with {json.dumps(e['config'])}")
+        log(f"[{i}/{len(problems)}] {p.op} {p.type} keys {p.keys} ({', '.join(p.seen_at)}): built-in "
+            f"{e['builtin_ms']:.4f} ms, {e['timed']} timed, {len(e['skipped'])} skipped: {verdict}")
+    out = pathlib.Path(out) if out else model_path.with_name(model_path.stem + ".tuning.json")
+    header = dict(gpu=gpu, arch=arch, triton=triton.__version__, model=str(model_path),
+                  shapes=[f"{b}x{s}" for b, s in shapes], decode=[f"{b}x{p}" for b, p in decode],
+                  budget_min=budget_min, elapsed_s=round(time.monotonic() - t0, 1),
+                  problems=len(problems), not_tuned=len(problems) - len(entries), command=" ".join(sys.argv))
+    tuning.save(out, header, entries)
+    tuned = sum(not e["builtin"] for e in entries)
+    log(f"wrote {out}: {len(entries)} of {len(problems)} problem(s) timed, {tuned} with a faster config")
+    return out

@@ -1,0 +1,152 @@
+"""`ort-triton tune` on the CPU path (Triton's interpreter runs every candidate; a scripted timer decides,
+so the choice is checked, not the interpreter's speed) and `ort-triton build --tuning`: the table is written,
+a config faster by more than the noise margin replaces the built-in one and one within it does not, the
+built library holds the tuned spec for its arch only, ahead of the built-in specs, and the native planner
+(the same keys the tuner computed in Python) picks it for the tuned bucket on that GPU and the built-in spec
+elsewhere. The GPU numbers come from scripts/gpu_check.sh on the device."""
+
+import ctypes
+import json
+
+import onnx
+import pytest
+
+import graph_rewrites
+from ort_triton import models, tune, tuning
+from ort_triton.ops.attention import TUNING as MHA_TUNING
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.slow
+FLOAT = 1
+
+
+@pytest.fixture(scope="module")
+def fused_bert(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("tune")
+    src = models.export(models.build("bert-tiny"), tmp / "bert.onnx")
+    onnx.save(graph_rewrites.optimize(str(src)), tmp / "bert.opt.onnx")
+    return tmp / "bert.opt.onnx"
+
+
+def scripted(times):
+    """A timer that runs the kernel (the runner must work) and returns the next scripted time."""
+    it = iter(times)
+
+    def timer(fn):
+        fn()
+        return next(it)
+    return timer
+
+
+@pytest.fixture(scope="module")
+def table(fused_bert):
+    # 1x16 (aligned, Sq bucket 9..16): the third candidate is 2x faster; 2x9 (unaligned): 2% is noise
+    out = tune.tune(fused_bert, [(1, 16), (2, 9)], device="cpu", arch=90, max_candidates=3, budget_min=5,
+                    timer=scripted([1.0, 0.99, 0.5, 1.0, 0.98, 1.2]), log=lambda s: None)
+    return out
+
+
+def test_table_entries(table, fused_bert):
+    assert table == fused_bert.with_name("bert.opt.tuning.json")  # beside the model
+    data = json.loads(table.read_text())
+    assert data["format"] == tuning.FORMAT and data["arch"] == 90 and data["problems"] == 2
+    fast, noise = data["entries"]
+    want = MHA_TUNING.candidates("float", (32, 1, 16), 90)
+    assert fast["op"] == "MultiHeadAttention" and fast["type"] == "float"
+    assert fast["keys"] == [[32, 32], [1, 1], [9, 16]] and fast["problem"]["seen_at"] == ["shape 1x16"]
+    assert fast["config"] == want[2] and not fast["builtin"] and fast["ms"] == 0.5 and fast["builtin_ms"] == 1.0
+    assert fast["problem"]["nodes"] == 2 and fast["timed"] == 3  # both layers meet it; three configs ran
+    assert noise["keys"] == [[32, 32], [0, 1], [9, 16]] and noise["builtin"]
+    assert noise["config"] == MHA_TUNING.candidates("float", (32, 0, 9), 90)[0]
+    _, entries = tuning.load(table)
+    assert [e.builtin for e in entries] == [False, True]
+
+
+def test_budget_spent_keeps_builtin(fused_bert, tmp_path):
+    out = tune.tune(fused_bert, [(1, 16)], out=tmp_path / "t.json", device="cpu", arch=90, budget_min=1e-9,
+                    timer=scripted([]), log=lambda s: None)
+    data = json.loads(out.read_text())
+    assert data["entries"] == [] and data["not_tuned"] == 1
+
+
+def test_a_failing_candidate_is_skipped_with_the_reason(fused_bert, tmp_path):
+    def timer(fn):
+        if not hasattr(timer, "n"):
+            timer.n = 0
+        timer.n += 1
+        if timer.n == 2:
+            raise RuntimeError("out of resources: shared memory, Required: 300000")
+        return 1.0 / timer.n
+
+    out = tune.tune(fused_bert, [(1, 16)], out=tmp_path / "t.json", device="cpu", arch=90, max_candidates=3,
+                    timer=timer, log=lambda s: None)
+    (entry,) = json.loads(out.read_text())["entries"]
+    assert entry["timed"] == 2 and "out of resources" in entry["skipped"][0]["reason"]
+    assert entry["config"] == MHA_TUNING.candidates("float", (32, 1, 16), 90)[2]
+
+
+def test_a_model_without_tunable_nodes_is_refused(tmp_path):
+    src = models.export(models.build("bert-tiny"), tmp_path / "bert.onnx")  # not optimized
+    with pytest.raises(ValueError, match="run `ort-triton optimize` on it first"):
+        tune.tune(src, [(1, 8)], device="cpu", arch=90, log=lambda s: None)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda t: t.update(format="x"), "is not an ort_triton tuning table"),
+    (lambda t: t["entries"][0].update(op="LayerNorm"), "op 'LayerNorm' is not tunable"),
+    (lambda t: t["entries"][0].update(keys=[[32, 32]]), "keys must be 3 ranges"),
+    (lambda t: t["entries"][0].update(type="int8"), "has no element type 'int8'"),
+    (lambda t: t["entries"][0]["config"].pop("BLOCK_N"), "does not make a MultiHeadAttention kernel"),
+])
+def test_bad_tables_are_refused(table, tmp_path, edit, message):
+    data = json.loads(table.read_text())
+    edit(data)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(tuning.TuningError, match=message):
+        tuning.load(bad)
+    res = run_cli("build", "--arch", "90", "--tuning", bad, "-o", tmp_path / "lib", check=False)
+    assert res.returncode == 2 and message.split("'")[0] in res.stderr and not (tmp_path / "lib").exists()
+
+
+def _plan(lib, q_shape, arch):
+    b, sq, hidden = q_shape
+    shapes = [q_shape, q_shape, q_shape, [b, sq], [hidden], [hidden]]
+    msg = ctypes.create_string_buffer(1024)
+    rc = lib.ort_triton_plan_attrs(
+        b"MultiHeadAttention", FLOAT, arch, 6, (ctypes.c_int * 6)(*[1] * 6), (ctypes.c_int * 6)(*map(len, shapes)),
+        (ctypes.c_int64 * sum(map(len, shapes)))(*[d for s in shapes for d in s]), 1, 2,
+        (ctypes.c_double * 2)(2, 0.17), msg, len(msg))
+    assert rc == 0, msg.value
+    return dict(kv.split("=") for kv in msg.value.decode().split())
+
+
+def test_build_with_the_table_dispatches_the_tuned_spec(table, tmp_path):
+    """Built for sm_80 and sm_90 (the sm_80 kernels are cached by tests/aot's default-arch build in CI): the
+    tuned spec is compiled for sm_90 only and comes first; the planner takes it for 1x16 on sm_90, the
+    built-in spec on sm_80 and for shapes outside its bucket."""
+    res = run_cli("build", "--arch", "80,90", "--tuning", table, "-o", tmp_path, timeout=1800)
+    assert "1 tuned spec(s) of 2 entries" in res.stdout, res.stdout
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["tuning"]["tuned_specs"] == 1
+    lib = ctypes.CDLL(str(tmp_path / "libort_triton.so"))
+    lib.ort_triton_plan_attrs.argtypes = [
+        ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
+        ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int64), ctypes.c_int, ctypes.c_int,
+        ctypes.POINTER(ctypes.c_double), ctypes.c_char_p, ctypes.c_size_t]
+    lib.ort_triton_op_name.restype = ctypes.c_char_p
+    op = next(i for i in range(lib.ort_triton_num_ops())
+              if lib.ort_triton_op_name(i) == b"MultiHeadAttention" and lib.ort_triton_op_type(i) == FLOAT)
+    info = ctypes.create_string_buffer(512)
+    assert lib.ort_triton_spec_info(op, 0, info, 512) == 0
+    assert info.value.decode().endswith("keys=32:32,1:1,9:16 archs=90")
+
+    tuned = _plan(lib, [1, 16, 64], 90)
+    assert tuned["spec"] == "0" and tuned["arch"] == "90"
+    cfg = MHA_TUNING.candidates("float", (32, 1, 16), 90)[2]
+    assert int(tuned["block"]) == 32 * cfg["num_warps"]
+    assert int(tuned["grid"].split(",")[0]) == -(-16 // cfg["BLOCK_M"]) * 1 * 2  # its BLOCK_M sets the grid
+    on_80 = _plan(lib, [1, 16, 64], 80)
+    assert on_80["spec"] != "0" and on_80["arch"] == "80"
+    for other in ([1, 32, 64], [2, 9, 64]):  # the next Sq bucket; unaligned (its entry kept the built-in)
+        assert _plan(lib, other, 90)["spec"] != "0"
