@@ -18,10 +18,17 @@ the mask is not read but run, on ORT CPU, at a few sizes:
    masks are random 0/1 with an unpadded row, a fully padded one, and a left-padded one whose first
    queries see no key, at several (B, S, P) including a prefill (P = 0) and a decode step (S = 1).
 
+4. long: a mask that agrees at those sizes may still drop keys only far from the query (a sliding window or
+   chunked attention wider than 16 keys). So it is also run for one decode step over caches of T = 32, 64,
+   ... keys, where such a window drops keys of the last query once T passes it; up to 2^20 keys, or until
+   one evaluation takes over _LONG_SECONDS (torchscript's masks are [T, T] before they are sliced: the
+   next, 4x larger, is the last), or until the mask no longer evaluates (a position table caps the model,
+   which cannot run past what its mask can be computed at).
+
 A mask that reads no input's values (no attention_mask input) is proven the same way to be causal alone.
-Limits (as mask.py's): 0/1 attention masks; sizes up to 4 x 16; the source's length is taken to be T
-(the planner checks key_bias [B, T] at run time, so an attention_mask of another length is an error there,
-not a different result).
+Limits (as mask.py's): 0/1 attention masks; sizes up to 4 x 16 and one long decode step; the source's length
+is taken to be T (the planner checks key_bias [B, T] at run time, so an attention_mask of another length is an
+error there, not a different result).
 """
 
 from __future__ import annotations
@@ -42,6 +49,10 @@ from .mask import DROPS, mask_session
 
 # (B, S, P): a prefill, a decode step, S != P, a long past; each batch has a fully padded row
 _SIZES = ((3, 5, 3), (3, 4, 0), (4, 1, 6), (2, 7, 9))
+# key lengths T of the long decode steps, in order; and the evaluation time after which no longer one is run
+_LONG = tuple(1 << k for k in range(5, 21))
+_LONG_SECONDS = 0.25
+_LONG_BYTES = 1 << 30  # and the feeds' size (a cache input the mask reads the shape of is zeros: not touched)
 _SMALL_CONSTANT = 4096  # elements: initializers up to this stay constants for shape inference
 _FUNCTIONS = {"Max", "Min", "floor", "ceiling", "Mod", "Abs", "Piecewise", "sqrt"}  # sympy names in dims
 
@@ -219,7 +230,7 @@ class CausalMaskProver:
         return self._verdicts[key]
 
 
-def _sizes(batch, s_dim, t_dim) -> list[dict] | str:
+def _sizes(batch, s_dim, t_dim, samples=_SIZES) -> list[dict] | str:
     """The sampled sizes: dict(B, S, T, dims={input dim name: value}) where batch, S and P = T - S are
     each an input dim (a symbol) or static."""
     import sympy
@@ -235,7 +246,7 @@ def _sizes(batch, s_dim, t_dim) -> list[dict] | str:
     if len(set(syms)) != len(syms):
         return f"the batch, query and past lengths ({batch}, {s_dim}, {t_dim}) are not independent dims"
     out, seen = [], set()
-    for sample in _SIZES:
+    for sample in samples:
         b, s, p = (sym if isinstance(sym, int) else value for sym, value in zip((b_sym, s_sym, p_sym), sample))
         if (b, s, p) in seen or b < 1 or s < 1 or p < 0:
             continue
@@ -269,11 +280,48 @@ def _prove(model: ir.Model, mask: ir.Value, batch, s_dim, t_dim) -> CausalPaddin
         if isinstance(verdict, str):
             return f"{verdict} (at B={size['B']}, S={size['S']}, T={size['T']})"
         verdicts.add(verdict)
+    long = _long_decode(session, part, source, rng, batch, s_dim, t_dim)
+    if isinstance(long, str):
+        return long
+    verdicts.add(long)
     verdicts.discard(("none", None))  # nothing was dropped at that size
     if len(verdicts) > 1:
         return f"the mask's fill changes with the input size ({sorted(map(str, verdicts))})"
     _, fill = verdicts.pop() if verdicts else ("bool", None)
     return CausalPadding(source.name if source is not None else None, fill)
+
+
+def _long_decode(session, part, source, rng, batch, s_dim, t_dim):
+    """The verdict of decode steps (S = 1 where S is not static) over the caches of _LONG, longer and longer:
+    the first one that is not causal-with-offset padding, or the last one's verdict."""
+    import time
+
+    verdict = ("none", None)
+    sizes = _sizes(batch, s_dim, t_dim, samples=[(2, 1, t - 1) for t in _LONG])  # one symbolic pass: sympy is slow
+    if isinstance(sizes, str):
+        return verdict
+    for size, t in zip(sizes, _LONG):
+        if size["T"] != t:
+            return verdict  # static dims: the sampled sizes were all the sizes there are
+        feeds = _feeds(rng, part.inputs, source, size)
+        if isinstance(feeds, str):
+            return feeds
+        if sum(f.nbytes for f in feeds.values()) > _LONG_BYTES:
+            return verdict
+        t0 = time.perf_counter()
+        try:
+            (value,) = session.run(None, feeds)
+        except Exception:  # noqa: BLE001  (past a position table: the model cannot run there either)
+            return verdict
+        if value.shape[-1] != t:  # a Slice of a position table clamps instead of failing
+            return verdict
+        keep = feeds[source.name] != 0 if source is not None else np.ones((2, t), bool)
+        verdict = _compare(value, keep, size["S"])
+        if isinstance(verdict, str):
+            return f"{verdict} (at B=2, S={size['S']}, T={t}: a long decode step)"
+        if time.perf_counter() - t0 > _LONG_SECONDS:
+            return verdict
+    return verdict
 
 
 def _feeds(rng, inputs: dict[ir.Value, bool], source: ir.Value | None, size: dict) -> dict | str:
@@ -287,7 +335,7 @@ def _feeds(rng, inputs: dict[ir.Value, bool], source: ir.Value | None, size: dic
                 if by_name.setdefault(dim.value, value) != value:
                     return f"the attention mask {source.name} is {list(source.shape)}, not [batch, keys]"
     feeds = {}
-    for v in inputs:
+    for v, by_value in inputs.items():
         if v.dtype is None or v.shape is None:
             return f"input {v.name} has no known type and rank"
         shape = []
@@ -309,6 +357,8 @@ def _feeds(rng, inputs: dict[ir.Value, bool], source: ir.Value | None, size: dic
             if b > 2:
                 keep[1] = np.arange(t) >= min(t - 1, t - s + 1)  # left padding: queries 0, 1 see nothing
             feeds[v.name] = keep.astype(dtype)
+        elif not by_value:  # only its shape is read: zeros (untouched pages, cheap at a long cache's size)
+            feeds[v.name] = np.zeros(shape, dtype)
         elif np.issubdtype(dtype, np.floating):
             feeds[v.name] = rng.normal(size=shape).astype(dtype)
         else:
