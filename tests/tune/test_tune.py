@@ -150,3 +150,13 @@ def test_build_with_the_table_dispatches_the_tuned_spec(table, tmp_path):
     assert on_80["spec"] != "0" and on_80["arch"] == "80"
     for other in ([1, 32, 64], [2, 9, 64]):  # the next Sq bucket; unaligned (its entry kept the built-in)
         assert _plan(lib, other, 90)["spec"] != "0"
+
+
+def test_cli_says_what_is_missing(fused_bert, tmp_path):
+    res = run_cli("tune", fused_bert, check=False)
+    assert res.returncode == 2 and "give the shapes to tune for" in res.stderr
+    res = run_cli("tune", tmp_path / "none.onnx", "--shapes", "1x8", check=False)
+    assert res.returncode == 2 and "no such file" in res.stderr
+    res = run_cli("tune", fused_bert, "--shapes", "1x8", check=False, env={"CUDA_VISIBLE_DEVICES": ""})
+    assert res.returncode == 2 and "tuning times kernels on a GPU" in res.stderr
+    assert not list(fused_bert.parent.glob("*.tuning.json.*"))  # no partial table left behind
