@@ -34,6 +34,7 @@ import onnx
 from onnx import helper
 
 from ..contract import ANY, IO, Attr, Kernel, OpContract, Spec, Tuning, attr_ref, pow2_bucket
+from .tune_space import random_inputs, tile_candidates
 
 HEAD_DIMS = (32, 40, 64, 80, 96, 128)
 
@@ -185,9 +186,7 @@ def _tune_candidates(type_name: str, keys: tuple[int, ...], arch: int) -> list[d
     builtin = dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], num_warps=warps, num_stages=stages)
     half = type_name != "float"
     ms, ns = ((64, 128), (32, 64, 128)) if half else ((16, 32, 64), (16, 32, 64))
-    grid = [dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=st)
-            for m in ms for n in ns for w in (4, 8) for st in (2, 3)]
-    return [builtin] + [c for c in grid if c != builtin]
+    return tile_candidates(builtin, ms, ns)
 
 
 def _tune_runner(type_name: str, shapes: list, attrs: dict, config: dict, device: str):
@@ -195,10 +194,7 @@ def _tune_runner(type_name: str, shapes: list, attrs: dict, config: dict, device
 
     from ..kernels.attention import attention
 
-    dtype = {"float": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[type_name]
-    gen = torch.Generator(device=device).manual_seed(0)
-    q, k, v = (torch.randn(sh, generator=gen, device=device).to(dtype) for sh in shapes[:3])
-    kb = torch.zeros(shapes[3], device=device, dtype=dtype)
+    dtype, (q, k, v, kb) = random_inputs(type_name, shapes[:4], device)
     v_bias = torch.zeros(shapes[0][-1], device=device, dtype=dtype)
     y = torch.empty_like(q)
     heads, scale = int(attrs["num_heads"]), float(attrs.get("scale", 1.0))

@@ -37,6 +37,7 @@ from onnx import helper
 
 from ..contract import ANY, IO, Attr, Kernel, OpContract, Spec, Tuning, attr_ref, pow2_bucket
 from .attention import HEAD_DIMS
+from .tune_space import random_inputs, tile_candidates
 
 
 def reference_causal_attention(q, k, v, key_bias, scale, masked_rows=0):
@@ -206,9 +207,7 @@ def _tune_candidates(type_name: str, keys: tuple[int, ...], arch: int) -> list[d
     half = type_name != "float"
     ms = (16,) if rows <= DECODE_ROWS else ((32, 64, 128) if half else (16, 32))
     ns = (32, 64, 128) if half else (16, 32, 64)
-    grid = [dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=st)
-            for m in ms for n in ns for w in (4, 8) for st in (2, 3)]
-    return [builtin] + [c for c in grid if c != builtin]
+    return tile_candidates(builtin, ms, ns)
 
 
 def _tune_runner(type_name: str, shapes: list, attrs: dict, config: dict, device: str):
@@ -216,10 +215,7 @@ def _tune_runner(type_name: str, shapes: list, attrs: dict, config: dict, device
 
     from ..kernels.causal_attention import causal_attention
 
-    dtype = {"float": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[type_name]
-    gen = torch.Generator(device=device).manual_seed(0)
-    q, k, v = (torch.randn(sh, generator=gen, device=device).to(dtype) for sh in shapes[:3])
-    kb = torch.zeros(shapes[3], device=device, dtype=dtype)
+    dtype, (q, k, v, kb) = random_inputs(type_name, shapes[:4], device)
     b, nq, s, d = shapes[0]
     y = torch.empty((b, s, nq * d), device=device, dtype=dtype)
     scale, rows = float(attrs.get("scale", 1.0)), int(attrs.get("masked_rows", 0))

@@ -1,0 +1,23 @@
+"""Shared pieces of the ops' `Tuning` (ort_triton/contract.py): the tile grid the tuner searches and the
+random inputs its timing runs on."""
+
+from __future__ import annotations
+
+
+def tile_candidates(builtin: dict, block_ms, block_ns, warps=(4, 8), stages=(2, 3)) -> list[dict]:
+    """The built-in config first, then every (BLOCK_M, BLOCK_N, num_warps, num_stages) of the grid but it."""
+    grid = [dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=st)
+            for m in block_ms for n in block_ns for w in warps for st in stages]
+    return [builtin] + [c for c in grid if c != builtin]
+
+
+def random_inputs(type_name: str, shapes: list, device: str, n_random: int = 3):
+    """(the dtype, the first n_random inputs normal in it, then a zero tensor per remaining shape): timing
+    inputs, seeded, made once per candidate so its launch does nothing but the kernel."""
+    import torch
+
+    dtype = {"float": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[type_name]
+    gen = torch.Generator(device=device).manual_seed(0)
+    tensors = [torch.randn(sh, generator=gen, device=device).to(dtype) for sh in shapes[:n_random]]
+    tensors += [torch.zeros(sh, device=device, dtype=dtype) for sh in shapes[n_random:]]
+    return dtype, tensors
