@@ -27,6 +27,7 @@ import numpy as np
 
 from . import ops as ops_mod
 from . import tuning
+from .contract import ELEMENT_TYPES
 
 NOISE = 0.03  # a candidate must beat the built-in config by 3% (run-to-run noise of do_bench on an idle GPU)
 
@@ -43,7 +44,7 @@ class Problem:
     seen_at: list = dataclasses.field(default_factory=list)  # the model shapes that reach it
 
 
-_TYPES = {1: "float", 10: "float16", 16: "bfloat16"}
+_TYPES = {code: name for name, code in ELEMENT_TYPES.items()}  # ONNX element type -> contract type name
 
 
 def _input_specs(proto):
