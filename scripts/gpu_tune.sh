@@ -5,8 +5,10 @@
 #   device run, carry [".ortgpu", ".ortinc"]:
 #     source .ortgpu/activate.sh && MODEL=bert-base bash scripts/gpu_tune.sh
 #     source .ortgpu/activate.sh && MODEL=llama-1b bash scripts/gpu_tune.sh      (reuses build/decoder_work)
-# Environment: MODEL (bert-base | llama-1b), BUDGET_MIN (tuning budget, default 4), SHAPES / DECODE (the
-# benchmark shapes, defaults those of gpu_bench_bert.sh and gpu_bench_decoder.sh).
+# Environment: MODEL (bert-base | llama-1b), BUDGET_MIN (tuning budget, default 4), SHAPES / PREFILL / DECODE
+# (the benchmark shapes, defaults those of gpu_bench_bert.sh and gpu_bench_decoder.sh), RUNTIMES (the bench's;
+# default ort_triton and ort_triton_tuned with and without CUDA graphs for BERT, without for the decoder,
+# whose graph runs need one static-shape export per shape).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/ort_triton_out}
@@ -40,7 +42,7 @@ EOF
     python3 -m ort_triton build --arch 90 --tuning "$OUT/bert-base.tuning.json" -o build/lib_tuned -q || exit 1
     export ORT_TRITON_TUNED_LIBRARY=$PWD/build/lib_tuned/libort_triton.so
     python3 -m ort_triton bench --hf-config bert-base --dtype float16 --shapes "$SHAPES" \
-      --runtimes ort_triton,ort_triton_tuned,ort_triton_cuda_graph,ort_triton_tuned_cuda_graph \
+      --runtimes "${RUNTIMES:-ort_triton,ort_triton_tuned,ort_triton_cuda_graph,ort_triton_tuned_cuda_graph}" \
       --warmup 10 --iters 100 --out "$OUT/bench_bert-base" 2>&1 | filter | tail -40 ;;
   llama-1b)
     PREFILL=${PREFILL:-1x512,8x512,1x2048,8x2048}
@@ -55,7 +57,7 @@ EOF
     python3 -m ort_triton build --arch 90 --tuning "$OUT/llama-1b.tuning.json" -o build/lib_tuned -q || exit 1
     export ORT_TRITON_TUNED_LIBRARY=$PWD/build/lib_tuned/libort_triton.so
     python3 -m ort_triton.bench.decoder --model llama-1b --prefill "$PREFILL" --decode "$DECODE" \
-      --runtimes ort_triton,ort_triton_tuned,ort_triton_cuda_graph,ort_triton_tuned_cuda_graph \
+      --runtimes "${RUNTIMES:-ort_triton,ort_triton_tuned}" \
       --work build/decoder_work --json "$OUT/bench_llama-1b.json" 2>&1 | filter | tee "$OUT/bench_llama-1b.txt" ;;
   *) echo "MODEL must be bert-base or llama-1b" >&2; exit 2 ;;
 esac

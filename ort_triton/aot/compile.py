@@ -1,14 +1,21 @@
 """Compile one (op, element type, specialisation, arch) to a cubin with `triton.compile`, cached on disk.
 
 `triton.compile` with an explicit GPUTarget needs no GPU (Triton ships ptxas). The cache key covers the
-kernel source (Triton's own `cache_key` hashes the function and what it calls), the specialisation, the
-launch options, the Triton version and the arch, so a rebuild after one change recompiles one kernel.
+kernel source (the files of the kernel and of every Triton function it can reach), the specialisation,
+the launch options, the Triton version and the arch, so a rebuild after one change recompiles the kernels
+of the files that changed.
+
+Why not Triton's own `JITFunction.cache_key`: in Triton 3.6 it depends on what was hashed before it in the
+process (CausalAttention's kernel, which calls kernels/attention.py's `_attend`, hashed differently after
+MultiHeadAttention's kernel than before it), so a build worker that compiled only causal kernels stored
+them under keys the parent never looked up, and every build recompiled them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import inspect
 import json
 import os
 import pathlib
@@ -37,7 +44,7 @@ class Job:
         import triton
 
         blob = json.dumps({
-            "fn": self.op.kernel.fn.cache_key,
+            "fn": source_key(self.op.kernel.fn),
             "sig": self.signature(),
             "constexprs": self.spec.constexprs,
             "div16": self.spec.divisible_by_16,
@@ -46,6 +53,25 @@ class Job:
             "arch": self.arch,
         }, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def source_key(fn) -> str:
+    """sha256 over the source files of a Triton kernel and of every Triton function reachable through the
+    globals of the modules involved (the constexpr globals the kernels use live in those modules too)."""
+    from triton.runtime.jit import JITFunction
+
+    files, stack, seen = set(), [fn], set()
+    while stack:
+        f = stack.pop()
+        if id(f) in seen:
+            continue
+        seen.add(id(f))
+        files.add(inspect.getsourcefile(f.fn))
+        stack.extend(v for v in f.fn.__globals__.values() if isinstance(v, JITFunction))
+    h = hashlib.sha256()
+    for path in sorted(files):
+        h.update(path.rsplit("/", 1)[-1].encode() + b"\0" + pathlib.Path(path).read_bytes())
+    return h.hexdigest()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,6 +19,14 @@ of V over all T keys (eager attention's meaning, see the contract), summed in on
 only a tile holding such a row runs. Finite biases saturate at -1e38 as in kernels/attention.py, so a
 row seeing only finfo.min keys is uniform over them, NaN-free. Rows past G * S and head-dim lanes past
 HEAD_DIM load 0 and are never stored. Offsets are int64.
+
+Split over the cache (SPLIT_K specs, the decode ones): a decode step has B * Nkv programs, 8 for Llama-1B at
+batch 1, which leaves most of a GPU idle while each streams a whole cache. The same kernel then runs twice
+(flash-decoding): PHASE 1 gives each program one chunk of SPLIT keys (a multiple of BLOCK_N) and stores
+its unnormalised state (acc, m, l) in the fp32 workspace WS; PHASE 2 (one program per row tile) merges the
+chunks' states, m = max_c m_c, l = sum_c 2^(m_c - m) l_c, acc = sum_c 2^(m_c - m) acc_c, and finishes as
+PHASE 0 (one pass, no workspace) does. ops/causal_attention.py `split_keys` picks SPLIT.
+WS: acc [programs, chunks, BLOCK_M, BLOCK_D], then (m, l) [programs, chunks, BLOCK_M, 2].
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import triton
 import triton.language as tl
 
 from ..ops.attention import HEAD_DIMS
-from ..ops.causal_attention import block_config
+from ..ops.causal_attention import SPLIT_MIN_KEYS, block_config, split_keys, workspace_floats
 from .attention import _BIAS_FLOOR, _LOG2E, _attend
 
 
@@ -54,14 +62,23 @@ def _attend_diagonal(q, k_ptrs, v_ptrs, kb_ptrs, start, T, last_key, offs_n, d_o
     return m_new, l_i, acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "SPLIT", "PHASE"])  # as the AOT build: no variant per value
 def causal_attention_fwd(
-    Q, K, V, KB, Y, NQ, NKV, S, T, scale, MEAN_ROWS,
+    Q, K, V, KB, Y, WS, NQ, NKV, S, T, scale, MEAN_ROWS, SPLIT, PHASE,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SPLIT_K: tl.constexpr,
 ):
     # flat grid: cdiv(G * S, BLOCK_M) * B * NKV programs, the row block fastest (the programs of one KV
-    # head run side by side and share its K/V in L2)
+    # head run side by side and share its K/V in L2); PHASE 1: times the chunks, the chunk fastest
     pid = tl.program_id(0)
+    if SPLIT_K:
+        phase = tl.full([], 0, tl.int32) + PHASE
+        split = tl.full([], 0, tl.int64) + SPLIT  # keys per chunk, >= 1 in every phase
+        n_split = (tl.full([], 0, tl.int64) + T + split - 1) // split
+        per = tl.where(phase == 1, n_split, 1)
+        n_prog = tl.num_programs(0) // per
+        chunk = pid % per
+        pid = pid // per
     group = NQ // NKV
     rows = group * S
     num_m = tl.cdiv(rows, BLOCK_M)
@@ -105,35 +122,68 @@ def causal_attention_fwd(
     kv_end = offset + i_hi + 1
     full_end = ((offset + i_lo + 1) // BLOCK_N) * BLOCK_N
 
+    # the keys this program visits: all it sees (PHASE 0), one chunk of them (1), none (2: it merges)
+    lo = 0
+    hi = kv_end
+    if SPLIT_K:
+        lo = tl.where(phase == 1, chunk * split, 0)
+        hi = tl.where(phase == 0, kv_end, tl.where(phase == 1, tl.minimum(lo + split, kv_end), 0))
+
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for start in range(0, full_end, BLOCK_N):  # whole blocks, visible to every row: no causal mask
+    for start in range(lo, tl.minimum(full_end, hi), BLOCK_N):  # whole blocks, visible to every row: no mask
         blk = kv_tile + start * HEAD_DIM
         m_i, l_i, acc = _attend(q, k_head + blk, v_head + blk, kb_row + start + offs_n, start, T, offs_n, d_ok,
                                 m_i, l_i, acc, qk_scale, V.dtype.element_ty, False, MASK_D, prec)
-    for start in range(full_end, kv_end, BLOCK_N):  # the diagonal: causal mask and the key tail
+    for start in range(tl.maximum(full_end, lo), hi, BLOCK_N):  # the diagonal: causal mask and the key tail
         blk = kv_tile + start * HEAD_DIM
         m_i, l_i, acc = _attend_diagonal(q, k_head + blk, v_head + blk, kb_row + start + offs_n, start, T,
                                          last_key, offs_n, d_ok, m_i, l_i, acc, qk_scale, V.dtype.element_ty, prec)
 
+    finish = True
+    if SPLIT_K:
+        # the chunk states of this row tile: [part, BLOCK_M, BLOCK_D] and [part, BLOCK_M, (m, l)]
+        offs_m = tl.arange(0, BLOCK_M)
+        ws_acc = (offs_m[:, None] * BLOCK_D + offs_d[None, :]).to(tl.int64)
+        ws_ml = WS + n_prog * n_split * (BLOCK_M * BLOCK_D) + offs_m * 2
+        part = pid * n_split + chunk
+        store = (phase == 1) & (offs_m < BLOCK_M)
+        tl.store(WS + part * (BLOCK_M * BLOCK_D) + ws_acc, acc, mask=store[:, None])
+        tl.store(ws_ml + part * (BLOCK_M * 2), m_i, mask=store)
+        tl.store(ws_ml + part * (BLOCK_M * 2) + 1, l_i, mask=store)
+        for c in range(0, tl.where(phase == 2, n_split, 0)):  # PHASE 2: merge the chunks
+            part = pid * n_split + c
+            acc_c = tl.load(WS + part * (BLOCK_M * BLOCK_D) + ws_acc)
+            m_c = tl.load(ws_ml + part * (BLOCK_M * 2))
+            l_c = tl.load(ws_ml + part * (BLOCK_M * 2) + 1)
+            m_new = tl.maximum(m_i, m_c)
+            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # no chunk saw a key yet: weights 0
+            alpha, beta = tl.math.exp2(m_i - m_sub), tl.math.exp2(m_c - m_sub)
+            l_i = l_i * alpha + l_c * beta
+            acc = acc * alpha[:, None] + acc_c * beta[:, None]
+            m_i = m_new
+        finish = phase != 1
+
     fill = tl.zeros([BLOCK_D], tl.float32)
     empty = tl.sum(((l_i == 0.0) & row_ok).to(tl.int32), 0)
-    if (mean_rows != 0) & (empty > 0):  # a row that sees no key: the mean of V over all T keys
-        for start in range(0, T, BLOCK_N):
-            kv_mask = (start + offs_n < T)[:, None] & d_ok[None, :]
-            fill += tl.sum(tl.load(v_head + kv_tile + start * HEAD_DIM, mask=kv_mask, other=0.0).to(tl.float32), 0)
+    if (mean_rows != 0) & (empty > 0) & finish:  # a row that sees no key: the mean of V over all T keys
+        for j in range(0, T, BLOCK_N):
+            kv_mask = (j + offs_n < T)[:, None] & d_ok[None, :]
+            fill += tl.sum(tl.load(v_head + kv_tile + j * HEAD_DIM, mask=kv_mask, other=0.0).to(tl.float32), 0)
         fill = fill / T
     y = tl.where((l_i > 0.0)[:, None], acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None], fill[None, :])
     y_offs = ((b * s_len + qi) * nq + h)[:, None] * HEAD_DIM + offs_d[None, :]
-    tl.store(Y + y_offs, y.to(Y.dtype.element_ty), mask=q_mask)
+    tl.store(Y + y_offs, y.to(Y.dtype.element_ty), mask=q_mask & finish)
 
 
 # ---- a torch entry point: the same kernel through Triton's JIT (tests, interpreter, GPU timing) -------
 def causal_attention(q, k, v, key_bias, scale, masked_rows=0, *, out=None, config: dict | None = None):
     """Y [B, S, Nq*D] for q [B, Nq, S, D], k and v [B, Nkv, T, D] (T >= S, Nq % Nkv == 0), key_bias [B, T]
     (all one dtype). `out` lets a test hand in a poisoned buffer; `config` overrides block_config's
-    BLOCK_M, BLOCK_N, num_warps, num_stages (tests use small blocks so several blocks run)."""
+    BLOCK_M, BLOCK_N, num_warps, num_stages and SPLIT_TARGET (tests use small blocks so several blocks run,
+    and SPLIT_MIN_KEYS small so that short caches split into several chunks). The launches are the
+    library's (native/causal_attention.c): one pass, or the chunks then their merge."""
     import torch
 
     if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
@@ -161,9 +211,23 @@ def causal_attention(q, k, v, key_bias, scale, masked_rows=0, *, out=None, confi
     cfg.update(config or {})
     q, k, v, key_bias = q.contiguous(), k.contiguous(), v.contiguous(), key_bias.contiguous()
     y = out if out is not None else torch.empty((b, s, nq * d), dtype=q.dtype, device=q.device)
-    grid = (triton.cdiv(rows, cfg["BLOCK_M"]) * b * nkv,)
-    if grid[0]:
-        causal_attention_fwd[grid](q, k, v, key_bias, y, nq, nkv, s, t, float(scale), int(masked_rows),
-                                   HEAD_DIM=d, BLOCK_D=cfg["BLOCK_D"], BLOCK_M=cfg["BLOCK_M"],
-                                   BLOCK_N=cfg["BLOCK_N"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    programs = triton.cdiv(rows, cfg["BLOCK_M"]) * b * nkv
+    if not programs:
+        return y
+    chunk = split_keys(t, programs, cfg["BLOCK_N"], cfg["SPLIT_TARGET"], cfg.get("SPLIT_MIN_KEYS", SPLIT_MIN_KEYS))
+
+    def launch(ws, split, phase, grid):
+        causal_attention_fwd[(grid,)](
+            q, k, v, key_bias, y, ws, nq, nkv, s, t, float(scale), int(masked_rows), split, phase,
+            HEAD_DIM=d, BLOCK_D=cfg["BLOCK_D"], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+            SPLIT_K=cfg["SPLIT_TARGET"] > 0, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+
+    if not chunk:  # one pass (the workspace pointer unused, as the library's NULL)
+        launch(torch.empty(1, dtype=torch.float32, device=q.device), cfg["BLOCK_N"], 0, programs)
+        return y
+    n_split = triton.cdiv(t, chunk)
+    ws = torch.empty(workspace_floats(programs, n_split, cfg["BLOCK_M"], cfg["BLOCK_D"]), dtype=torch.float32,
+                     device=q.device)
+    launch(ws, chunk, 1, programs * n_split)  # each chunk's state
+    launch(ws, chunk, 2, programs)  # merged, and Y
     return y

@@ -4,8 +4,8 @@
  * Inputs:  Q [B, Sq, N*D], K and V [B, Skv, N*D], key_bias [B, Skv], k_bias, v_bias [N*D]
  * Output:  Y, Q's shape. The kernel reads v_bias; k_bias cancels in the softmax (the contract).
  * Attributes (contract order): num_heads (N), scale.
- * Dispatch keys: the head dim D (exact), whether Sq and Skv are multiples of 16, Sq (the built-in specs
- * take any; a tuning table's narrow it to a bucket). Spec consts = (BLOCK_M, BLOCK_N, HEAD_DIM).
+ * Dispatch keys: the head dim D (exact), whether Sq and Skv are multiples of 16, Sq and B * N (the built-in
+ * specs take any; a tuning table's narrow them to buckets). Spec consts = (BLOCK_M, BLOCK_N, HEAD_DIM).
  * Grid: one flat axis of ceil(Sq / BLOCK_M) * B * N programs, the query block fastest (the kernel splits the
  * program id the same way); grid.x allows 2^31 - 1 where grid.y would stop at 65535 (B * N passes that
  * for a batch of 8192 with 8 heads).
@@ -19,7 +19,7 @@
 
 enum { IN_Q, IN_K, IN_V, IN_KEY_BIAS, IN_K_BIAS, IN_V_BIAS, N_INPUTS };
 enum { ATTR_NUM_HEADS, ATTR_SCALE };
-enum { KEY_HEAD_DIM, KEY_SEQ_DIV16, KEY_SQ, N_KEYS }; /* dispatch keys, in contract order */
+enum { KEY_HEAD_DIM, KEY_SEQ_DIV16, KEY_SQ, KEY_BATCH_HEADS, N_KEYS }; /* dispatch keys, in contract order */
 enum { CONST_BLOCK_M, CONST_BLOCK_N, CONST_HEAD_DIM }; /* meaning of ot_spec.consts */
 
 /* Q, K, V: [B, S, hidden], no negative dims (ORT never passes those; the test hook can). */
@@ -112,7 +112,7 @@ int ot_attention_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_ou
   const int64_t head_dim = hidden / heads;
   /* Sq and Skv multiples of 16 take the spec that knows it: the key-bias row of a batch starts 16-byte
    * aligned there, so its loads pipeline with K and V's (ops/attention.py) */
-  const int64_t keys[N_KEYS] = {head_dim, sq % 16 == 0 && skv % 16 == 0, sq};
+  const int64_t keys[N_KEYS] = {head_dim, sq % 16 == 0 && skv % 16 == 0, sq, batch * heads};
   const ot_spec *spec = ot_find_spec(op, keys, N_KEYS, plan->arch);
   if (!spec) {
     char dims[256];

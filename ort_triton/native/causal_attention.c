@@ -5,8 +5,13 @@
  * Output:  Y [B, S, Nq * D]
  * Attributes (contract order): scale, masked_rows (0 or 1).
  * Dispatch keys: the head dim D (exact), the packed rows G * S of one program (G = Nq / Nkv): the decode spec
- * for rows up to the contract's DECODE_ROWS, the prefill spec beyond. Spec consts = (BLOCK_M, BLOCK_N, HEAD_DIM).
- * Grid: one flat axis of ceil(G * S / BLOCK_M) * B * Nkv programs, the row block fastest.
+ * for rows up to the contract's DECODE_ROWS, the prefill spec beyond; B * Nkv and T (the built-in specs take
+ * any; a tuning table's narrow them to buckets).
+ * Spec consts = (BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, SPLIT_TARGET, SPLIT_MIN_KEYS).
+ * Grid: one flat axis of ceil(G * S / BLOCK_M) * B * Nkv programs, the row block fastest. A spec with a split
+ * target below which the programs fall splits the cache into chunks (split_keys in the contract, mirrored
+ * by split_keys here): launch 0 runs programs * chunks (PHASE 1, chunk states into the workspace),
+ * launch 1 the programs again (PHASE 2, the merge and Y).
  * The generic code (ort_triton.c) has already checked presence of inputs and element types. */
 #include <limits.h>
 #include <stdio.h>
@@ -17,8 +22,19 @@
 
 enum { IN_Q, IN_K, IN_V, IN_KEY_BIAS, N_INPUTS };
 enum { ATTR_SCALE, ATTR_MASKED_ROWS, N_ATTRS };
-enum { KEY_HEAD_DIM, KEY_ROWS, N_KEYS };
-enum { CONST_BLOCK_M, CONST_BLOCK_N, CONST_HEAD_DIM };
+enum { KEY_HEAD_DIM, KEY_ROWS, KEY_BATCH_KV_HEADS, KEY_KEYS, N_KEYS };
+enum { CONST_BLOCK_M, CONST_BLOCK_N, CONST_HEAD_DIM, CONST_BLOCK_D, CONST_SPLIT_TARGET, CONST_SPLIT_MIN_KEYS };
+enum { VALUE_SPLIT }; /* plan->values: keys per chunk, 0 for one pass */
+
+/* The contract's split_keys (ops/causal_attention.py): keys per chunk, 0 for one pass. */
+static int64_t split_keys(int64_t t, int64_t programs, int64_t block_n, int64_t target, int64_t min_keys) {
+  if (target <= 0 || programs >= target || t <= min_keys) return 0;
+  const int64_t want = (target + programs - 1) / programs;
+  int64_t chunk = (t + want - 1) / want;
+  if (chunk < min_keys) chunk = min_keys;
+  chunk = (chunk + block_n - 1) / block_n * block_n;
+  return chunk < t ? chunk : 0;
+}
 
 static int check_rank4(const ot_op *op, const ot_desc *in, int index, const char *layout, char *err, size_t err_len) {
   const ot_desc *d = &in[index];
@@ -113,7 +129,7 @@ int ot_causal_attention_plan(const ot_op *op, const ot_desc *in, int n_inputs, i
     return 1;
   }
   const int64_t rows = group * s;
-  const int64_t keys[N_KEYS] = {head_dim, rows};
+  const int64_t keys[N_KEYS] = {head_dim, rows, batch * nkv, t};
   const ot_spec *spec = ot_find_spec(op, keys, N_KEYS, plan->arch);
   if (!spec) {
     char dims[256];
@@ -127,11 +143,13 @@ int ot_causal_attention_plan(const ot_op *op, const ot_desc *in, int n_inputs, i
     return 1;
   }
   const int64_t block_m = spec->consts[CONST_BLOCK_M], block_n = spec->consts[CONST_BLOCK_N];
-  if (block_m < 1 || block_n < 1 || block_n > 256 || spec->consts[CONST_HEAD_DIM] != head_dim) {
-    snprintf(err, err_len, "kernel %s has BLOCK_M=%lld, BLOCK_N=%lld, HEAD_DIM=%lld in the kernel table for head "
-                           "dim %lld; rebuild the library",
+  const int64_t block_d = spec->consts[CONST_BLOCK_D];
+  if (block_m < 1 || block_n < 1 || block_n > 256 || spec->consts[CONST_HEAD_DIM] != head_dim ||
+      block_d < head_dim || block_d > 256) {
+    snprintf(err, err_len, "kernel %s has BLOCK_M=%lld, BLOCK_N=%lld, HEAD_DIM=%lld, BLOCK_D=%lld in the kernel "
+                           "table for head dim %lld; rebuild the library",
              spec->kernel_name, (long long)block_m, (long long)block_n, (long long)spec->consts[CONST_HEAD_DIM],
-             (long long)head_dim);
+             (long long)block_d, (long long)head_dim);
     return 1;
   }
   int64_t programs; /* ceil(G * S / BLOCK_M) * B * Nkv */
@@ -141,6 +159,25 @@ int ot_causal_attention_plan(const ot_op *op, const ot_desc *in, int n_inputs, i
   plan->grid[0] = (unsigned)programs; /* 0 for an empty batch or S = 0: the caller skips the launch */
   plan->grid[1] = 1;
   plan->grid[2] = 1;
+  plan->n_launches = 1;
+  const int64_t split = programs ? split_keys(t, programs, block_n, spec->consts[CONST_SPLIT_TARGET],
+                                                   spec->consts[CONST_SPLIT_MIN_KEYS])
+                                      : 0;
+  plan->values[VALUE_SPLIT] = split;
+  if (split) { /* T > split >= BLOCK_N, so 2 <= chunks <= T: no overflow below */
+    const int64_t chunks = (t + split - 1) / split;
+    if (programs > INT32_MAX / chunks) {
+      snprintf(err, err_len, "shapes Q %s, K %s split into %lld chunks need more than 2^31 programs",
+               ot_shape_text(q, a, sizeof a), ot_shape_text(k, b, sizeof b), (long long)chunks);
+      return 1;
+    }
+    plan->grid[0] = (unsigned)(programs * chunks);
+    plan->n_launches = 2;
+    plan->grid2[0] = (unsigned)programs;
+    plan->grid2[1] = 1;
+    plan->grid2[2] = 1;
+    plan->scratch_bytes = (size_t)(programs * chunks * block_m * (block_d + 2)) * sizeof(float);
+  }
   ot_desc *y = &plan->outputs[0];
   y->present = 1;
   y->type = op->outputs[0].type;
@@ -153,23 +190,29 @@ int ot_causal_attention_plan(const ot_op *op, const ot_desc *in, int n_inputs, i
 
 int ot_causal_attention_params(const ot_op *op, const ot_plan *plan, const ot_desc *in, void *const *ptrs,
                                const double *attrs, void *storage, void **params) {
-  (void)plan;
-  void *const pointers[5] = {ptrs[IN_Q], ptrs[IN_K], ptrs[IN_V], ptrs[IN_KEY_BIAS], ptrs[op->n_inputs]}; /* Y */
+  /* Y, then the workspace (NULL in one pass, where the kernel never touches it) */
+  void *const pointers[6] = {ptrs[IN_Q], ptrs[IN_K], ptrs[IN_V], ptrs[IN_KEY_BIAS], ptrs[op->n_inputs], plan->scratch};
   const int32_t nq = (int32_t)in[IN_Q].dims[1]; /* the plan checked these fit int32 */
   const int32_t nkv = (int32_t)in[IN_K].dims[1];
   const int32_t s = (int32_t)in[IN_Q].dims[2];
   const int32_t t = (int32_t)in[IN_K].dims[2];
   const float scale = (float)attrs[ATTR_SCALE];
   const int32_t mean_rows = (int32_t)attrs[ATTR_MASKED_ROWS];
+  const int64_t chunk = plan->values[VALUE_SPLIT];
+  /* keys per chunk (>= 1 in every phase: the kernel divides by it); PHASE 0 one pass, 1 chunks, 2 merge */
+  const int32_t split = chunk ? (int32_t)chunk : (int32_t)plan->spec->consts[CONST_BLOCK_N];
+  const int32_t phase = chunk ? 1 + plan->launch : 0;
 
   uint64_t *slot = storage;
   int n = 0;
-  for (int i = 0; i < 5; i++) ot_put_param(slot, params, n++, &pointers[i], sizeof pointers[i]);
+  for (int i = 0; i < 6; i++) ot_put_param(slot, params, n++, &pointers[i], sizeof pointers[i]);
   ot_put_param(slot, params, n++, &nq, sizeof nq);
   ot_put_param(slot, params, n++, &nkv, sizeof nkv);
   ot_put_param(slot, params, n++, &s, sizeof s);
   ot_put_param(slot, params, n++, &t, sizeof t);
   ot_put_param(slot, params, n++, &scale, sizeof scale);
   ot_put_param(slot, params, n++, &mean_rows, sizeof mean_rows);
+  ot_put_param(slot, params, n++, &split, sizeof split);
+  ot_put_param(slot, params, n++, &phase, sizeof phase);
   return n;
 }

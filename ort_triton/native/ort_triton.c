@@ -21,7 +21,8 @@ typedef struct {
   const ot_op *op;
 } ot_custom_op;
 
-/* Kernels launched by this process: lets tests prove a node ran our kernel and not its function body. */
+/* Nodes this process ran through our kernels (one count per node, whether it took one launch or a split's
+ * two): lets tests prove a node ran our kernel and not its function body. */
 static atomic_long launches;
 
 static const ot_op *table_op(const OrtCustomOp *base) { return ((const ot_custom_op *)base)->op; }
@@ -224,23 +225,57 @@ static OrtStatus *ORT_API_CALL kernel_compute(void *state, OrtKernelContext *con
     return op_status(api, ORT_INVALID_ARGUMENT, op, err);
   }
 
-  uint64_t storage[OT_MAX_PARAMS];
-  void *params[OT_MAX_PARAMS];
-  int n = op->params(op, &plan, in, ptrs, k->attrs, storage, params);
-  if (n < 0 || n + 2 > OT_MAX_PARAMS) {
-    snprintf(err, sizeof err, "the op's C code produced %d kernel parameters (at most %d); rebuild the library", n,
-             OT_MAX_PARAMS - 2);
-    return op_status(api, ORT_FAIL, op, err);
+  /* A workspace (a split's chunk states) from ORT's arena on the outputs' device, stream-ordered: it goes
+   * back to the arena once both launches are enqueued, and the next kernel on the stream that reuses it runs
+   * after them. */
+  const OrtMemoryInfo *device_memory = NULL;
+  if (plan.scratch_bytes) {
+    OrtValue *y = NULL;
+    TRY(api->KernelContext_GetOutput(context, 0, plan.outputs[0].dims, plan.outputs[0].rank, &y),
+        "reading the output for its device");
+    TRY(api->GetTensorMemoryInfo(y, &device_memory), "reading the output's device");
+    TRY(api->KernelContext_GetScratchBuffer(context, device_memory, plan.scratch_bytes, &plan.scratch),
+        "allocating the workspace");
+    if (!plan.scratch) {
+      snprintf(err, sizeof err, "ORT gave no workspace of %zu bytes", plan.scratch_bytes);
+      return op_status(api, ORT_FAIL, op, err);
+    }
   }
-  /* Triton 3.6 kernels end with two pointers, global scratch and profile scratch; these kernels
-   * use neither. */
-  void *scratch[2] = {NULL, NULL};
-  params[n] = &scratch[0];
-  params[n + 1] = &scratch[1];
-
-  if (ot_cuda_launch(plan.spec, plan.grid, stream, params, err, sizeof err)) return op_status(api, ORT_FAIL, op, err);
-  atomic_fetch_add_explicit(&launches, 1, memory_order_relaxed);
-  return NULL;
+  OrtStatus *status = NULL;
+  const int n_launches = plan.n_launches > 1 ? plan.n_launches : 1;
+  for (int l = 0; l < n_launches && !status; l++) {
+    plan.launch = l;
+    uint64_t storage[OT_MAX_PARAMS];
+    void *params[OT_MAX_PARAMS];
+    int n = op->params(op, &plan, in, ptrs, k->attrs, storage, params);
+    if (n < 0 || n + 2 > OT_MAX_PARAMS) {
+      snprintf(err, sizeof err, "the op's C code produced %d kernel parameters (at most %d); rebuild the library",
+               n, OT_MAX_PARAMS - 2);
+      status = op_status(api, ORT_FAIL, op, err);
+      break;
+    }
+    /* Triton 3.6 kernels end with two pointers, global scratch and profile scratch; these kernels
+     * use neither. */
+    void *scratch[2] = {NULL, NULL};
+    params[n] = &scratch[0];
+    params[n + 1] = &scratch[1];
+    if (ot_cuda_launch(plan.spec, l ? plan.grid2 : plan.grid, stream, params, err, sizeof err))
+      status = op_status(api, ORT_FAIL, op, err);
+  }
+  if (plan.scratch) {
+    OrtAllocator *allocator = NULL;
+    OrtStatus *failed = api->KernelContext_GetAllocator(context, device_memory, &allocator);
+    if (!failed) {
+      allocator->Free(allocator, plan.scratch);
+      api->ReleaseAllocator(allocator);
+    } else if (!status) {
+      status = api_status(api, op, failed, "returning the workspace");
+    } else {
+      api->ReleaseStatus(failed);
+    }
+  }
+  if (!status) atomic_fetch_add_explicit(&launches, 1, memory_order_relaxed);
+  return status;
 }
 
 /* ---- OrtCustomOp callbacks ---- */
@@ -443,9 +478,12 @@ OT_EXPORT int ort_triton_plan_attrs(const char *op_name, int elem_type, int arch
     prefix_message(op, err, msg, msg_len);
     return ORT_FAIL;
   }
-  snprintf(msg, msg_len, "kernel=%s arch=%d grid=%u,%u,%u block=%u shared=%u spec=%d", plan.spec->kernel_name,
-           image->arch, plan.grid[0], plan.grid[1], plan.grid[2], 32u * image->num_warps, image->shared_bytes,
-           (int)(plan.spec - op->specs));
+  int used = snprintf(msg, msg_len, "kernel=%s arch=%d grid=%u,%u,%u block=%u shared=%u spec=%d",
+                      plan.spec->kernel_name, image->arch, plan.grid[0], plan.grid[1], plan.grid[2],
+                      32u * image->num_warps, image->shared_bytes, (int)(plan.spec - op->specs));
+  if (plan.n_launches > 1 && used > 0 && (size_t)used < msg_len)
+    snprintf(msg + used, msg_len - (size_t)used, " grid2=%u,%u,%u scratch=%zu", plan.grid2[0], plan.grid2[1],
+             plan.grid2[2], plan.scratch_bytes);
   return 0;
 }
 

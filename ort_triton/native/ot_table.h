@@ -67,12 +67,21 @@ typedef struct {
 } ot_desc;
 
 /* What a planner decides: which specialisation, which grid, the output shapes. `arch` is the one input:
- * the GPU the plan is for (10 * major + minor; 0 for any), set by the caller, read by ot_find_spec. */
+ * the GPU the plan is for (10 * major + minor; 0 for any), set by the caller, read by ot_find_spec.
+ * A plan may launch its kernel twice (a split and its merge: CausalAttention's decode), the second time on
+ * grid2, both over one device workspace of scratch_bytes that compute takes from ORT's arena; compute
+ * sets `launch` (0, 1) and `scratch` before it asks the params function for each launch. */
 typedef struct {
   int arch;
   const ot_spec *spec;
   unsigned grid[3];
   ot_desc outputs[OT_MAX_IO];   /* shape of each output the node asks for */
+  int n_launches;               /* 1 (0 counts as 1) or 2 */
+  unsigned grid2[3];
+  size_t scratch_bytes;
+  int64_t values[4];            /* the planner's own numbers for its params function */
+  int launch;                   /* set by compute: which launch the params are for */
+  void *scratch;                /* set by compute: the workspace, NULL when scratch_bytes is 0 */
 } ot_plan;
 
 /* Per-op hand-written C (e.g. layer_norm.c).

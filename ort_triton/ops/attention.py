@@ -100,7 +100,7 @@ KERNEL = Kernel(
                "N": "i32", "SQ": "i32", "SKV": "i32", "scale": "fp32"},
     native_plan="ot_attention_plan",
     native_params="ot_attention_params",
-    dispatch_keys=("head_dim", "seq_div16", "sq"),
+    dispatch_keys=("head_dim", "seq_div16", "sq", "batch_heads"),  # sq, B * N: narrow tuned specs only
 )
 
 
@@ -147,13 +147,13 @@ def _specs(type_name: str) -> list[Spec]:
     for d in HEAD_DIMS:
         cfg = block_config(d, type_name)
         for aligned in (1, 0):
-            specs.append(_spec(type_name, ((d, d), (aligned, 1), (0, ANY)), cfg))  # any Sq: tuned specs narrow it
+            specs.append(_spec(type_name, ((d, d), (aligned, 1), (0, ANY), (0, ANY)), cfg))  # tuned specs narrow
     return specs
 
 
 def _spec(type_name: str, keys: tuple[tuple[int, int], ...], cfg: dict) -> Spec:
-    """The spec of a config for the key ranges ((D, D), (aligned lo, 1), (Sq lo, Sq hi)); aligned lo = 1
-    promises Sq and Skv multiples of 16."""
+    """The spec of a config for the key ranges ((D, D), (aligned lo, 1), (Sq lo, hi), (B * N lo, hi));
+    aligned lo = 1 promises Sq and Skv multiples of 16."""
     d, aligned = keys[0][0], keys[1][0]
     block_d = max(16, 1 << (d - 1).bit_length())
     return Spec(
@@ -171,12 +171,13 @@ _TUNED = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 
 
 def _tune_keys(type_name: str, shapes: list, attrs: dict) -> tuple[int, ...]:
-    (_b, sq, hidden), skv = shapes[0], shapes[1][1]
-    return (hidden // int(attrs["num_heads"]), int(sq % 16 == 0 and skv % 16 == 0), sq)
+    (b, sq, hidden), skv, heads = shapes[0], shapes[1][1], int(attrs["num_heads"])
+    return (hidden // heads, int(sq % 16 == 0 and skv % 16 == 0), sq, b * heads)
 
 
 def _tune_bucket(keys: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
-    return ((keys[0], keys[0]), (keys[1], 1), pow2_bucket(keys[2]))
+    # B * N too: the grid's size decides the tile (64 rows fill an H200 at batch 1, 128 at batch 32)
+    return ((keys[0], keys[0]), (keys[1], 1), pow2_bucket(keys[2]), pow2_bucket(keys[3]))
 
 
 def _tune_candidates(type_name: str, keys: tuple[int, ...], arch: int) -> list[dict]:

@@ -119,15 +119,18 @@ def _body(_opset: int) -> list[onnx.NodeProto]:
 # decode step (S = 1) fills the M dimension with the G heads and reads its KV head once, and a prefill
 # reads each K/V block once for G heads. Key blocks past the tile's last visible key are not visited;
 # those wholly visible to every row of the tile load without a causal mask. The grid is one flat axis of
-# ceil(G * S / BLOCK_M) * B * Nkv programs, the row block fastest.
+# ceil(G * S / BLOCK_M) * B * Nkv programs, the row block fastest. A decode spec may split the cache into
+# chunks (split_keys): two launches, chunks then their merge, over an fp32 workspace from ORT's arena.
 KERNEL = Kernel(
     module="ort_triton.kernels.causal_attention",
     fn_name="causal_attention_fwd",
-    signature={"Q": "*{T}", "K": "*{T}", "V": "*{T}", "KB": "*{T}", "Y": "*{T}",
-               "NQ": "i32", "NKV": "i32", "S": "i32", "T": "i32", "scale": "fp32", "MEAN_ROWS": "i32"},
+    signature={"Q": "*{T}", "K": "*{T}", "V": "*{T}", "KB": "*{T}", "Y": "*{T}", "WS": "*fp32",
+               "NQ": "i32", "NKV": "i32", "S": "i32", "T": "i32", "scale": "fp32", "MEAN_ROWS": "i32",
+               "SPLIT": "i32", "PHASE": "i32"},
     native_plan="ot_causal_attention_plan",
     native_params="ot_causal_attention_params",
-    dispatch_keys=("head_dim", "rows"),
+    # rows = G * S; programs = B * Nkv and keys = T only narrow tuned specs (the built-in ones take any)
+    dispatch_keys=("head_dim", "rows", "batch_kv_heads", "keys"),
 )
 
 # Packed rows (G * S) up to this take the decode spec: BLOCK_M = 16 (tl.dot's least), long key blocks.
@@ -138,76 +141,113 @@ DECODE_ROWS = 16
 # Prefill starts from MultiHeadAttention's tiles; at BLOCK_D = 64 its 4 warps spill here (the causal
 # row indices are live too), so 8. fp32 dots are 3xTF32, which holds each operand twice: small tiles
 # (BLOCK_D = 128 spilled 144 bytes at 32 x 32). Left: 8 bytes in the fp16 decode specs at head
-# dim 40 (sm_90) and 80 (sm_80).
+# dim 40 (sm_90) and 80 (sm_80). BLOCK_D = 64 (fp16/bf16) from `ort-triton tune` of Llama-1B on the H200
+# (bench/results/tune-h200/llama-1b.tuning.json): 64 x 64 tiles, 4 warps, 3 stages were 1.53-1.58x the
+# first choice (128 x 64, 8 warps, 2 stages) at prefill 2048 and best or near it at 512; decode's best
+# key block was 128 at every shape (1.13-1.42x).
 _CONFIGS = {
     ("decode", "half", 32): (16, 64, 4, 2),
-    ("decode", "half", 64): (16, 64, 4, 2),
+    ("decode", "half", 64): (16, 128, 4, 2),  # H200 tuning of Llama-1B (below)
     ("decode", "half", 128): (16, 64, 4, 2),
     ("decode", "float", 32): (16, 32, 4, 2),
     ("decode", "float", 64): (16, 32, 4, 2),
     ("decode", "float", 128): (16, 32, 8, 2),
     ("prefill", "half", 32): (128, 64, 4, 2),
-    ("prefill", "half", 64): (128, 64, 8, 2),
+    ("prefill", "half", 64): (64, 64, 4, 3),  # H200 tuning of Llama-1B (below)
     ("prefill", "half", 128): (128, 32, 8, 2),
     ("prefill", "float", 32): (32, 32, 4, 2),
     ("prefill", "float", 64): (32, 32, 4, 2),
     ("prefill", "float", 128): (16, 32, 8, 2),
 }
+# Decode specs split the cache until about this many programs run (2 waves of the H200's 132 SMs; a
+# split costs a workspace round trip of BLOCK_M * (BLOCK_D + 2) floats per chunk, small beside a chunk's
+# keys), never into chunks under SPLIT_MIN_KEYS. 0: one pass (the prefill specs: enough row tiles).
+SPLIT_TARGET = 256
+SPLIT_MIN_KEYS = 256
 
 
 def block_config(head_dim: int, type_name: str, rows: int) -> dict:
     """Tiles and launch options for a head dim, element type and packed row count G * S (the decode tiles
     for rows <= DECODE_ROWS). BLOCK_D is the head dim rounded up to a power of two (masked lanes)."""
     block_d = max(16, 1 << (head_dim - 1).bit_length())
-    kind = ("decode" if rows <= DECODE_ROWS else "prefill", "float" if type_name == "float" else "half", block_d)
+    decode = rows <= DECODE_ROWS
+    kind = ("decode" if decode else "prefill", "float" if type_name == "float" else "half", block_d)
     block_m, block_n, warps, stages = _CONFIGS[kind]
-    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=warps, num_stages=stages)
+    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=warps, num_stages=stages,
+                SPLIT_TARGET=SPLIT_TARGET if decode else 0)
+
+
+def split_keys(t: int, programs: int, block_n: int, target: int, min_keys: int = SPLIT_MIN_KEYS) -> int:
+    """Keys per chunk when `programs` programs stream T keys and a spec aims at `target` programs; 0 for
+    one pass (no split asked, enough programs already, or a cache that makes one chunk). A multiple of
+    BLOCK_N, so no key block straddles two chunks. native/causal_attention.c computes the same (min_keys:
+    the spec's SPLIT_MIN_KEYS const; tests lower it to split small caches)."""
+    if target <= 0 or programs >= target or t <= min_keys:
+        return 0
+    want = -(-target // programs)
+    chunk = max(-(-t // want), min_keys)
+    chunk = -(-chunk // block_n) * block_n
+    return chunk if chunk < t else 0
+
+
+def workspace_floats(programs: int, n_split: int, block_m: int, block_d: int) -> int:
+    """fp32 workspace of a split launch: each chunk's acc [BLOCK_M, BLOCK_D], then its (m, l) per row."""
+    return programs * n_split * block_m * (block_d + 2)
 
 
 def _spec(type_name: str, keys: tuple[tuple[int, int], ...], cfg: dict) -> Spec:
-    """The spec of a config (tiles + launch options) for the key ranges ((D, D), (rows lo, rows hi))."""
+    """The spec of a config (tiles, launch options, split target) for the key ranges ((D, D), (rows lo,
+    rows hi), (B * Nkv lo, hi), (T lo, hi))."""
     d = keys[0][0]
     block_d = max(16, 1 << (d - 1).bit_length())
+    split = int(cfg.get("SPLIT_TARGET", 0))
     return Spec(
-        constexprs={"HEAD_DIM": d, "BLOCK_D": block_d, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"]},
+        constexprs={"HEAD_DIM": d, "BLOCK_D": block_d, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"],
+                    "SPLIT_K": split > 0},
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         keys=tuple(keys),
-        consts=(cfg["BLOCK_M"], cfg["BLOCK_N"], d),
-        divisible_by_16=("Q", "K", "V", "KB", "Y"),
+        consts=(cfg["BLOCK_M"], cfg["BLOCK_N"], d, block_d, split, SPLIT_MIN_KEYS),
+        divisible_by_16=("Q", "K", "V", "KB", "Y", "WS"),
     )
 
 
 def _specs(type_name: str) -> list[Spec]:
     """Per head dim: the decode spec (rows 0..DECODE_ROWS), then the prefill spec (any more rows)."""
-    return [_spec(type_name, ((d, d), (lo, hi)), block_config(d, type_name, hi))
+    return [_spec(type_name, ((d, d), (lo, hi), (0, ANY), (0, ANY)), block_config(d, type_name, hi))
             for d in HEAD_DIMS for lo, hi in ((0, DECODE_ROWS), (DECODE_ROWS + 1, ANY))]
 
 
 # ---- tuning (ort-triton tune) -------------------------------------------------------------------------
-_TUNED = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+_TUNED = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "SPLIT_TARGET")
 
 
 def _tune_keys(type_name: str, shapes: list, attrs: dict) -> tuple[int, ...]:
-    (_b, nq, s, d), k = shapes[0], shapes[1]
-    return (d, (nq // k[1]) * s)
+    (b, nq, s, d), k = shapes[0], shapes[1]
+    return (d, (nq // k[1]) * s, b * k[1], k[2])
 
 
 def _tune_bucket(keys: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
     # a decode bucket never crosses DECODE_ROWS: the built-in split stays where a tuned one is absent
     lo, hi = pow2_bucket(keys[1])
     lo, hi = (lo, min(hi, DECODE_ROWS)) if keys[1] <= DECODE_ROWS else (max(lo, DECODE_ROWS + 1), hi)
-    return ((keys[0], keys[0]), (lo, hi))
+    return ((keys[0], keys[0]), (lo, hi), pow2_bucket(keys[2]), pow2_bucket(keys[3]))
 
 
 def _tune_candidates(type_name: str, keys: tuple[int, ...], arch: int) -> list[dict]:
     """The built-in config, then tiles around it: BLOCK_M 16 only for decode rows (tl.dot's least; more rows
-    would be masked), fp32's 3xTF32 dots hold operands twice, so smaller tiles there."""
-    d, rows = keys
+    would be masked), with the split targets (0: one pass); fp32's 3xTF32 dots hold operands twice, so
+    smaller tiles there."""
+    d, rows = keys[:2]
     builtin = {k: v for k, v in block_config(d, type_name, rows).items() if k in _TUNED}
     half = type_name != "float"
-    ms = (16,) if rows <= DECODE_ROWS else ((32, 64, 128) if half else (16, 32))
     ns = (32, 64, 128) if half else (16, 32, 64)
-    return tile_candidates(builtin, ms, ns)
+    if rows <= DECODE_ROWS:  # a decode kernel streams the cache: one tile height, 4 warps, the split
+        tiles = tile_candidates(builtin, (16,), ns, warps=(4,))
+        return [builtin] + [c for c in (dict(t, SPLIT_TARGET=target) for target in (0, 128, 256, 512)
+                                        for t in tiles) if c != builtin]
+    ms = (32, 64, 128) if half else (16, 32)
+    return [dict(c, SPLIT_TARGET=0) for c in tile_candidates(
+        {k: v for k, v in builtin.items() if k != "SPLIT_TARGET"}, ms, ns)]
 
 
 def _tune_runner(type_name: str, shapes: list, attrs: dict, config: dict, device: str):

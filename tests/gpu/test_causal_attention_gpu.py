@@ -101,12 +101,13 @@ def _node_model(type_name, masked_rows, scale):
 @pytest.mark.parametrize("type_name", list(DTYPES))
 @pytest.mark.parametrize("masked_rows", [0, 1])
 def test_cuda_ep_runs_the_kernel(gpu_library, type_name, masked_rows):
-    """One session (dynamic shapes) over every head dim and a decode, prefill and chunk shape each."""
+    """One session (dynamic shapes) over every head dim and a decode, prefill and chunk shape each; the
+    decodes over 300 and 2000 keys split the cache (2 and 8 chunks: the workspace from ORT's arena)."""
     _, dtype, tol = DTYPES[type_name]
     sess = make_session(_node_model(type_name, masked_rows, 0.1), providers=["CUDAExecutionProvider"],
                         library=gpu_library)
     for d in HEAD_DIMS:
-        for b, nq, nkv, s, t in ((4, 8, 2, 1, 300), (2, 8, 2, 65, 65), (3, 4, 1, 17, 90)):
+        for b, nq, nkv, s, t in ((4, 8, 2, 1, 300), (2, 8, 2, 65, 65), (3, 4, 1, 17, 90), (3, 32, 8, 1, 2000)):
             q, k, v, kb = _inputs(b, nq, nkv, s, t, d, dtype, _pads(b, s, t), seed=d + s)
             feeds = {n + "32": x.float().numpy() for n, x in zip(["Q", "K", "V", "key_bias"], (q, k, v, kb))}
             before = launch_count(gpu_library)

@@ -65,7 +65,7 @@ def test_table_holds_one_spec_per_head_dim(lib, elem_type):
     for s in range(lib.ort_triton_num_specs(i)):
         assert lib.ort_triton_spec_info(i, s, msg, len(msg)) == 0
         keys.append(re.match(r"kernel=attention_fwd keys=(\S+)", msg.value.decode()).group(1))
-    assert keys == [f"{d}:{d},{aligned}:1,0:{ANY}" for d in HEAD_DIMS for aligned in (1, 0)]  # any Sq
+    assert keys == [f"{d}:{d},{aligned}:1,0:{ANY},0:{ANY}" for d in HEAD_DIMS for aligned in (1, 0)]  # any Sq, B * N
 
 
 @pytest.mark.parametrize("sq, skv, aligned", [(64, 128, 1), (2048, 2048, 1), (37, 128, 0), (64, 50, 0), (8, 1, 0)])

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from ort_triton.ops.attention import HEAD_DIMS
-from ort_triton.ops.causal_attention import DECODE_ROWS, block_config
+from ort_triton.ops.causal_attention import DECODE_ROWS, SPLIT_MIN_KEYS, block_config, split_keys, workspace_floats
 
 FLOAT, FLOAT16, BFLOAT16 = 1, 10, 16
 TYPE_NAMES = {FLOAT: "float", FLOAT16: "float16", BFLOAT16: "bfloat16"}
@@ -42,9 +42,16 @@ def plan(lib, inputs, masked_rows=0, elem_type=FLOAT16, arch=90):
 
 
 def parse(msg):
-    m = re.fullmatch(r"kernel=(\S+) arch=(\d+) grid=(\d+),(\d+),(\d+) block=(\d+) shared=(\d+) spec=(\d+)", msg)
+    m = re.fullmatch(r"kernel=(\S+) arch=(\d+) grid=(\d+),(\d+),(\d+) block=(\d+) shared=(\d+) spec=(\d+)"
+                     r"( grid2=(\d+),1,1 scratch=(\d+))?", msg)
     assert m, msg
-    return [int(v) for v in m.groups()[1:]]
+    return [int(v) for v in m.groups()[1:8]]
+
+
+def parse_split(msg):
+    """(second grid, workspace bytes) of a split plan, None for one pass."""
+    m = re.search(r" grid2=(\d+),1,1 scratch=(\d+)$", msg)
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 @pytest.mark.parametrize("elem_type", [FLOAT, FLOAT16, BFLOAT16])
@@ -57,7 +64,8 @@ def test_table_holds_a_decode_and_a_prefill_spec_per_head_dim(lib, elem_type):
         assert lib.ort_triton_spec_info(i, s, msg, len(msg)) == 0
         keys.append(re.match(r"kernel=causal_attention_fwd keys=(\S+)", msg.value.decode()).group(1))
     ranges = ((0, DECODE_ROWS), (DECODE_ROWS + 1, 1 << 62))
-    assert keys == [f"{d}:{d},{lo}:{hi}" for d in HEAD_DIMS for lo, hi in ranges]
+    any_ = f"0:{1 << 62}"  # B * Nkv and T: any, in the built-in specs
+    assert keys == [f"{d}:{d},{lo}:{hi},{any_},{any_}" for d in HEAD_DIMS for lo, hi in ranges]
 
 
 @pytest.mark.parametrize("elem_type", [FLOAT, FLOAT16, BFLOAT16])
@@ -74,8 +82,38 @@ def test_plan_packs_the_group_into_rows(lib, elem_type, nq, nkv, s, t, d):
     cfg = block_config(d, TYPE_NAMES[elem_type], rows)
     assert spec == 2 * HEAD_DIMS.index(d) + (rows > DECODE_ROWS)
     assert arch == 90 and (gy, gz) == (1, 1)
-    assert gx == -(-rows // cfg["BLOCK_M"]) * b * nkv
+    programs = -(-rows // cfg["BLOCK_M"]) * b * nkv
+    chunk = split_keys(t, programs, cfg["BLOCK_N"], cfg["SPLIT_TARGET"])
+    chunks = -(-t // chunk) if chunk else 1
+    assert gx == programs * chunks
+    assert parse_split(msg) == ((programs, 4 * workspace_floats(programs, chunks, cfg["BLOCK_M"], cfg["BLOCK_D"]))
+                                if chunk else None)
     assert block == 32 * cfg["num_warps"] and 0 < shared <= 227 * 1024
+
+
+@pytest.mark.parametrize("b, nkv, t, chunks", [
+    (1, 8, 4097, 17),    # Llama-1B, batch 1: 8 programs stream 4097 keys -> 17 chunks of 256
+    (1, 8, 1025, 5),     # 5 chunks of 256 (no chunk under SPLIT_MIN_KEYS)
+    (16, 8, 4097, 2),    # 128 programs: 2 chunks reach the target
+    (1, 8, 256, 1),      # a cache of one chunk: one pass
+    (32, 8, 4097, 1),    # 256 programs already: one pass
+])
+def test_decode_splits_the_cache_until_the_target(lib, b, nkv, t, chunks):
+    """A decode step with few programs splits T into chunks of a multiple of BLOCK_N keys (the contract's
+    split_keys, computed again in C): the first launch runs programs * chunks, the merge the programs."""
+    rc, msg = plan(lib, shapes(b, 4 * nkv, nkv, 1, t, 64))
+    assert rc == 0, msg
+    cfg = block_config(64, "float16", 4)
+    chunk = split_keys(t, b * nkv, cfg["BLOCK_N"], cfg["SPLIT_TARGET"])
+    assert (-(-t // chunk) if chunk else 1) == chunks
+    assert chunk % cfg["BLOCK_N"] == 0 and (not chunk or chunk >= SPLIT_MIN_KEYS)
+    assert parse(msg)[1] == b * nkv * chunks
+    assert (parse_split(msg) is None) == (chunks == 1)
+
+
+def test_prefill_never_splits(lib):
+    rc, msg = plan(lib, shapes(1, 32, 8, 512, 512, 64))
+    assert rc == 0 and parse_split(msg) is None, msg
 
 
 @pytest.mark.parametrize("b, s, t", [(0, 4, 8), (2, 0, 8), (2, 0, 0)])

@@ -120,6 +120,38 @@ def test_finfo_min_padding_is_finite(dtype):
     _check(_run(q, k, v, kb, d**-0.5, 0, SMALL), q, k, v, kb, d**-0.5, 0, dtype)
 
 
+SPLIT = dict(SMALL, SPLIT_TARGET=1 << 20, SPLIT_MIN_KEYS=16)  # chunks of 16 keys: many chunks merge
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("nq, nkv, s, t", [(4, 1, 1, 17), (4, 2, 1, 70), (8, 8, 1, 100), (4, 1, 3, 45),
+                                           (4, 2, 4, 64)])
+def test_split_cache_matches_one_pass(dtype, nq, nkv, s, t):
+    """Decode split over the cache (flash-decoding: chunk states, then their merge), chunks of 16 keys: a
+    tail chunk, chunks wholly past a row's last key (S > 1: the causal diagonal inside a chunk), the last
+    batch row padded. Equal to the reference, and to the one-pass kernel within rounding."""
+    d = 32
+    q, k, v = _inputs(2, nq, nkv, s, t, d, dtype, seed=t + s)
+    kb = _padding(2, t, dtype, float("-inf"), [0, min(20, t - 1)], seed=t)
+    scale = 1.5 * d**-0.5
+    got = _run(q, k, v, kb, scale, 0, SPLIT)
+    _check(got, q, k, v, kb, scale, 0, dtype)
+    one_pass = _run(q, k, v, kb, scale, 0, dict(SMALL, SPLIT_TARGET=0))
+    assert np.abs(got - one_pass).max() <= 2 * TOL[dtype] * np.abs(one_pass).max()
+
+
+@pytest.mark.parametrize("masked_rows", [0, 1])
+def test_split_cache_rows_without_keys(masked_rows):
+    """A batch row padded throughout and one whose first query sees only padding, split into chunks:
+    0 or the mean of V, as in one pass (every chunk of such a row holds no key: m = -inf, l = 0)."""
+    nq, nkv, s, t, d = 4, 2, 2, 50, 32
+    q, k, v = _inputs(3, nq, nkv, s, t, d, torch.float32, seed=masked_rows)
+    kb = _padding(3, t, torch.float32, float("-inf"), [t - s + 1, 0, t], seed=1)
+    got = _run(q, k, v, kb, d**-0.5, masked_rows, SPLIT)
+    _check(got, q, k, v, kb, d**-0.5, masked_rows, torch.float32)
+    assert (got[2] == 0).all() if masked_rows == 0 else np.isfinite(got[2]).all()
+
+
 def test_more_queries_than_one_block_of_heads():
     """G * S just above the decode threshold takes the prefill tiles; at the threshold the decode ones."""
     assert block_config(64, "float16", DECODE_ROWS)["BLOCK_M"] == 16

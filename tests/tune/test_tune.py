@@ -40,7 +40,8 @@ def scripted(times):
 
 @pytest.fixture(scope="module")
 def table(fused_bert):
-    # 1x16 (aligned, Sq bucket 9..16): the third candidate is 2x faster; 2x9 (unaligned): 2% is noise
+    # 1x16 (aligned, Sq bucket 9..16, B * N = 2): the third candidate is 2x faster; 2x9 (unaligned, B * N = 4):
+    # 2% is noise
     out = tune.tune(fused_bert, [(1, 16), (2, 9)], device="cpu", arch=90, max_candidates=3, budget_min=5,
                     timer=scripted([1.0, 0.99, 0.5, 1.0, 0.98, 1.2]), log=lambda s: None)
     return out
@@ -51,13 +52,13 @@ def test_table_entries(table, fused_bert):
     data = json.loads(table.read_text())
     assert data["format"] == tuning.FORMAT and data["arch"] == 90 and data["problems"] == 2
     fast, noise = data["entries"]
-    want = MHA_TUNING.candidates("float", (32, 1, 16), 90)
+    want = MHA_TUNING.candidates("float", (32, 1, 16, 2), 90)
     assert fast["op"] == "MultiHeadAttention" and fast["type"] == "float"
-    assert fast["keys"] == [[32, 32], [1, 1], [9, 16]] and fast["problem"]["seen_at"] == ["shape 1x16"]
+    assert fast["keys"] == [[32, 32], [1, 1], [9, 16], [2, 2]] and fast["problem"]["seen_at"] == ["shape 1x16"]
     assert fast["config"] == want[2] and not fast["builtin"] and fast["ms"] == 0.5 and fast["builtin_ms"] == 1.0
     assert fast["problem"]["nodes"] == 2 and fast["timed"] == 3  # both layers meet it; three configs ran
-    assert noise["keys"] == [[32, 32], [0, 1], [9, 16]] and noise["builtin"]
-    assert noise["config"] == MHA_TUNING.candidates("float", (32, 0, 9), 90)[0]
+    assert noise["keys"] == [[32, 32], [0, 1], [9, 16], [3, 4]] and noise["builtin"]
+    assert noise["config"] == MHA_TUNING.candidates("float", (32, 0, 9, 4), 90)[0]
     _, entries = tuning.load(table)
     assert [e.builtin for e in entries] == [False, True]
 
@@ -82,7 +83,7 @@ def test_a_failing_candidate_is_skipped_with_the_reason(fused_bert, tmp_path):
                     timer=timer, log=lambda s: None)
     (entry,) = json.loads(out.read_text())["entries"]
     assert entry["timed"] == 2 and "out of resources" in entry["skipped"][0]["reason"]
-    assert entry["config"] == MHA_TUNING.candidates("float", (32, 1, 16), 90)[2]
+    assert entry["config"] == MHA_TUNING.candidates("float", (32, 1, 16, 2), 90)[2]
 
 
 def test_a_model_without_tunable_nodes_is_refused(tmp_path):
@@ -94,7 +95,7 @@ def test_a_model_without_tunable_nodes_is_refused(tmp_path):
 @pytest.mark.parametrize("edit, message", [
     (lambda t: t.update(format="x"), "is not an ort_triton tuning table"),
     (lambda t: t["entries"][0].update(op="LayerNorm"), "op 'LayerNorm' is not tunable"),
-    (lambda t: t["entries"][0].update(keys=[[32, 32]]), "keys must be 3 ranges"),
+    (lambda t: t["entries"][0].update(keys=[[32, 32]]), "keys must be 4 ranges"),
     (lambda t: t["entries"][0].update(type="int8"), "has no element type 'int8'"),
     (lambda t: t["entries"][0]["config"].pop("BLOCK_N"), "does not make a MultiHeadAttention kernel"),
 ])
@@ -139,16 +140,17 @@ def test_build_with_the_table_dispatches_the_tuned_spec(table, tmp_path):
               if lib.ort_triton_op_name(i) == b"MultiHeadAttention" and lib.ort_triton_op_type(i) == FLOAT)
     info = ctypes.create_string_buffer(512)
     assert lib.ort_triton_spec_info(op, 0, info, 512) == 0
-    assert info.value.decode().endswith("keys=32:32,1:1,9:16 archs=90")
+    assert info.value.decode().endswith("keys=32:32,1:1,9:16,2:2 archs=90")
 
     tuned = _plan(lib, [1, 16, 64], 90)
     assert tuned["spec"] == "0" and tuned["arch"] == "90"
-    cfg = MHA_TUNING.candidates("float", (32, 1, 16), 90)[2]
+    cfg = MHA_TUNING.candidates("float", (32, 1, 16, 2), 90)[2]
     assert int(tuned["block"]) == 32 * cfg["num_warps"]
     assert int(tuned["grid"].split(",")[0]) == -(-16 // cfg["BLOCK_M"]) * 1 * 2  # its BLOCK_M sets the grid
     on_80 = _plan(lib, [1, 16, 64], 80)
     assert on_80["spec"] != "0" and on_80["arch"] == "80"
-    for other in ([1, 32, 64], [2, 9, 64]):  # the next Sq bucket; unaligned (its entry kept the built-in)
+    # the next Sq bucket; unaligned (its entry kept the built-in); batch 2 (the next B * N bucket)
+    for other in ([1, 32, 64], [2, 9, 64], [2, 16, 64]):
         assert _plan(lib, other, 90)["spec"] != "0"
 
 
