@@ -287,7 +287,8 @@ def cmd_tune(args) -> int:
         raise UserError("--budget-min must be positive")
     _check_model(pathlib.Path(args.model))
     try:
-        out = tune.tune(args.model, shapes, decode=decode, out=args.output, budget_min=args.budget_min,
+        ops = tuple(o.strip() for o in args.ops.split(",") if o.strip()) if args.ops else None
+        out = tune.tune(args.model, shapes, decode=decode, out=args.output, budget_min=args.budget_min, ops=ops,
                         log=con.print)
     except ValueError as e:
         raise UserError(str(e)) from None
@@ -398,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--decode", help="BATCHxPAST,...: one new token over a cache of PAST positions (KV-cache models)")
     t.add_argument("--budget-min", type=float, default=10.0, help="time budget in minutes (default 10): problems "
                    "not reached keep the built-in configs")
+    t.add_argument("--ops", help="comma-separated op names to tune (default: every tunable op in the model)")
     t.add_argument("-o", "--output", help="the table (default: MODEL.tuning.json beside the model)")
     t.set_defaults(func=cmd_tune)
 

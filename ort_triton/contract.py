@@ -84,15 +84,17 @@ class Tuning:
     """What `ort-triton tune` (ort_triton/tune.py) needs to search an op's kernel configurations. A config is
     a dict of the kernel's tile constexprs and num_warps / num_stages; shapes are the node's input shapes.
 
-    keys(type, shapes, attrs):  the dispatch keys, as the native planner computes them from those shapes
+    keys(type, shapes, attrs, n_outputs): the dispatch keys, as the native planner computes them from those
+                                shapes (n_outputs: the node's outputs up to its last named one)
     bucket(keys):               the key ranges one tuned config serves (a spec's `keys`)
     candidates(type, keys, arch): the configs to time, first the built-in one (what the library runs on arch)
     spec(type, bucket, config): the Spec that compiles a config for that bucket
-    runner(type, shapes, attrs, config, device): a no-argument launch of the Triton kernel with that config on
-                                fresh inputs (imports Triton: only tuning calls it)
+    runner(type, shapes, attrs, keys, config, device): a no-argument launch of the Triton kernel with that
+                                config on fresh inputs, for the node those shapes, attributes and dispatch
+                                keys describe (imports Triton: only tuning calls it)
     """
 
-    keys: Callable[[str, list, dict], tuple[int, ...]]
+    keys: Callable[[str, list, dict, int], tuple[int, ...]]
     bucket: Callable[[tuple[int, ...]], tuple[tuple[int, int], ...]]
     candidates: Callable[[str, tuple[int, ...], int], list[dict]]
     spec: Callable[[str, tuple[tuple[int, int], ...], dict], Spec]

@@ -90,10 +90,11 @@ def _attrs(node, contract) -> dict:
     return {a.name: given.get(a.name, a.default) for a in contract.attrs}
 
 
-def find_problems(model_path, shapes, *, decode=(), device: str = "cuda", library=None, log=print) -> list[Problem]:
-    """The tunable nodes of a fused model and their input shapes at each model shape: one run per shape
-    with those nodes' inputs added as outputs (ORT CUDA with the library, or ORT CPU through the function
-    bodies), grouped into problems by (op, type, bucket)."""
+def find_problems(model_path, shapes, *, decode=(), device: str = "cuda", library=None, ops=None,
+                  log=print) -> list[Problem]:
+    """The tunable nodes of a fused model (of `ops` only, when given) and their input shapes at each model
+    shape: one run per shape with those nodes' inputs added as outputs (ORT CUDA with the library, or ORT CPU
+    through the function bodies), grouped into problems by (op, type, bucket)."""
     import onnx
     import onnxruntime as ort
 
@@ -102,6 +103,11 @@ def find_problems(model_path, shapes, *, decode=(), device: str = "cuda", librar
     model_path = pathlib.Path(model_path)
     proto = onnx.load(str(model_path), load_external_data=False)  # a 1B model's weights stay on disk
     tunable = {op.name: op for op in ops_mod.ALL_OPS if op.tuning}
+    if ops is not None:
+        unknown = sorted(set(ops) - set(tunable))
+        if unknown:
+            raise ValueError(f"not tunable: {', '.join(unknown)}; the tunable ops are {', '.join(sorted(tunable))}")
+        tunable = {name: op for name, op in tunable.items() if name in ops}
     nodes = [n for n in proto.graph.node if n.domain == DOMAIN and n.op_type in tunable]
     if not nodes:
         ours = sorted({n.op_type for n in proto.graph.node if n.domain == DOMAIN})
@@ -135,7 +141,8 @@ def find_problems(model_path, shapes, *, decode=(), device: str = "cuda", librar
             elem = values[n.input[0]].dtype
             type_name = {"float32": "float", "float16": "float16"}.get(str(elem), "bfloat16")
             attrs = _attrs(n, contract)
-            keys = contract.tuning.keys(type_name, shapes_in, attrs)
+            n_outputs = max((i + 1 for i, o in enumerate(n.output) if o), default=0)  # as the library counts
+            keys = contract.tuning.keys(type_name, shapes_in, attrs, n_outputs)
             bucket = contract.tuning.bucket(keys)
             p = problems.setdefault((n.op_type, type_name, bucket),
                                     Problem(n.op_type, type_name, keys, bucket, shapes_in, attrs))
@@ -183,7 +190,7 @@ def tune_problem(p: Problem, arch: int, device: str, deadline: float, timer, max
             skipped.append(dict(config=cfg, reason="budget"))
             continue
         try:
-            run = contract.tuning.runner(p.type, p.shapes, p.attrs, cfg, device)
+            run = contract.tuning.runner(p.type, p.shapes, p.attrs, p.keys, cfg, device)
             timed.append((timer(run), cfg))
         except Exception as e:  # noqa: BLE001  (a config that cannot compile or launch is skipped, said why)
             if i == 0:
@@ -200,7 +207,8 @@ def tune_problem(p: Problem, arch: int, device: str, deadline: float, timer, max
 
 
 def tune(model_path, shapes, *, decode=(), out=None, budget_min: float = 10.0, device: str = "cuda",
-         arch: int | None = None, library=None, timer=None, max_candidates=None, log=print) -> pathlib.Path:
+         arch: int | None = None, library=None, timer=None, max_candidates=None, ops=None,
+         log=print) -> pathlib.Path:
     """Tune every tunable fused node of the model at the given shapes; writes the table (default: next to
     the model, MODEL.tuning.json) and returns its path."""
     import triton
@@ -220,7 +228,7 @@ def tune(model_path, shapes, *, decode=(), out=None, budget_min: float = 10.0, d
         raise ValueError("device cpu (Triton's interpreter, for tests) needs the arch to label the table with")
     timer = timer or (_gpu_timer if device == "cuda" else _wall_timer)
     log(f"tune {model_path.name} on {gpu or 'cpu (interpreter)'} (sm_{arch}), budget {budget_min:g} min")
-    problems = find_problems(model_path, shapes, decode=decode, device=device, library=library, log=log)
+    problems = find_problems(model_path, shapes, decode=decode, device=device, library=library, ops=ops, log=log)
     deadline = t0 + budget_min * 60
     entries = []
     for i, p in enumerate(problems, 1):

@@ -44,10 +44,15 @@ def _registrations() -> list[tuple]:
 
 def spec_table(archs, tuned=()) -> dict[tuple[str, str], list[tuple[Spec, tuple[int, ...]]]]:
     """(op name, type) -> [(spec, archs it is compiled for)] in dispatch order: the tuning table's specs
-    (each for the arch it was tuned on) ahead of the built-in ones (every arch)."""
+    (each for the arch it was tuned on, so a single-arch tuple) ahead of the built-in ones (every arch)."""
     return {(op.name, t): [(spec, (arch,)) for spec, arch in tuning.tuned_specs(tuned, op, t, archs)]
             + [(spec, tuple(archs)) for spec in op.specializations(t)]
             for op, t in _registrations()}
+
+
+def _n_tuned(specs) -> int:
+    """The tuned specs in a spec_table: those ahead of each op's built-in ones."""
+    return sum(len(entries) - len(ops_mod.BY_NAME[name].specializations(t)) for (name, t), entries in specs.items())
 
 
 def _jobs(specs) -> list[Job]:
@@ -95,7 +100,7 @@ def build_library(archs=DEFAULT_ARCHS, out_dir=None, *, cache_dir=None, jobs: in
         log(f"tuning table: its entries for sm_{', sm_'.join(map(str, unused))} are left out: not in --arch "
             f"{','.join(map(str, archs))}")
     specs = spec_table(archs, tuned)
-    n_tuned = sum(len(tuning.tuned_specs(tuned, op, t, archs)) for op, t in _registrations())
+    n_tuned = _n_tuned(specs)
     if tuning_table:
         log(f"tuning table {tuning_table}: {n_tuned} tuned spec(s) of {len(tuned)} entries")
     all_jobs = _jobs(specs)

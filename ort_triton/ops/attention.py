@@ -170,7 +170,7 @@ def _spec(type_name: str, keys: tuple[tuple[int, int], ...], cfg: dict) -> Spec:
 _TUNED = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 
 
-def _tune_keys(type_name: str, shapes: list, attrs: dict) -> tuple[int, ...]:
+def _tune_keys(type_name: str, shapes: list, attrs: dict, n_outputs: int = 1) -> tuple[int, ...]:
     (b, sq, hidden), skv, heads = shapes[0], shapes[1][1], int(attrs["num_heads"])
     return (hidden // heads, int(sq % 16 == 0 and skv % 16 == 0), sq, b * heads)
 
@@ -190,7 +190,7 @@ def _tune_candidates(type_name: str, keys: tuple[int, ...], arch: int) -> list[d
     return tile_candidates(builtin, ms, ns)
 
 
-def _tune_runner(type_name: str, shapes: list, attrs: dict, config: dict, device: str):
+def _tune_runner(type_name: str, shapes: list, attrs: dict, keys: tuple, config: dict, device: str):
     import torch
 
     from ..kernels.attention import attention

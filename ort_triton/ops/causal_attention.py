@@ -221,7 +221,7 @@ def _specs(type_name: str) -> list[Spec]:
 _TUNED = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "SPLIT_TARGET")
 
 
-def _tune_keys(type_name: str, shapes: list, attrs: dict) -> tuple[int, ...]:
+def _tune_keys(type_name: str, shapes: list, attrs: dict, n_outputs: int = 1) -> tuple[int, ...]:
     (b, nq, s, d), k = shapes[0], shapes[1]
     return (d, (nq // k[1]) * s, b * k[1], k[2])
 
@@ -250,7 +250,7 @@ def _tune_candidates(type_name: str, keys: tuple[int, ...], arch: int) -> list[d
         {k: v for k, v in builtin.items() if k != "SPLIT_TARGET"}, ms, ns)]
 
 
-def _tune_runner(type_name: str, shapes: list, attrs: dict, config: dict, device: str):
+def _tune_runner(type_name: str, shapes: list, attrs: dict, keys: tuple, config: dict, device: str):
     import torch
 
     from ..kernels.causal_attention import causal_attention

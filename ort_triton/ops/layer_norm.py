@@ -21,7 +21,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from ..contract import IO, Attr, Kernel, OpContract, Spec, attr_ref
+from ..contract import ANY, IO, Attr, Kernel, OpContract, Spec, Tuning, attr_ref, pow2_bucket
+from .tune_space import random_inputs, row_candidates, row_count
 
 MAX_HIDDEN = 16384
 BLOCKS = (256, 1024, 2048, 4096, 8192, 16384)
@@ -36,7 +37,7 @@ KERNEL = Kernel(
     },
     native_plan="ot_layer_norm_plan",
     native_params="ot_layer_norm_params",
-    dispatch_keys=("has_beta", "store_sum", "h_div16", "H"),
+    dispatch_keys=("has_beta", "store_sum", "h_div16", "H", "rows"),  # rows: only tuned specs narrow it
 )
 
 
@@ -86,6 +87,19 @@ def launch_config(block_h: int, has_res: bool = False, store_sum: bool = False) 
     return tuple(_launch_table()[block_h][(1 + int(store_sum)) if has_res else 0])
 
 
+def _spec(has_res: bool, keys: tuple[tuple[int, int], ...], rows: int, warps: int) -> Spec:
+    """The spec for the key ranges ((has_beta), (store_sum), (h_div16 lo, 1), (H lo, hi), (rows lo, hi)):
+    BLOCK_H is the block that holds H hi; h_div16 lo = 1 promises 16-byte aligned rows."""
+    store_sum, aligned, block = keys[1][0], keys[2][0], next(b for b in BLOCKS if b >= keys[3][1])
+    return Spec(
+        constexprs={"HAS_RES": int(has_res), "STORE_SUM": store_sum, "BLOCK_H": block, "ROWS": rows},
+        num_warps=warps,
+        keys=tuple(keys),
+        consts=(block, rows),
+        divisible_by_16=("X", "R", "C", "W", "B", "Y", "S") + (("H",) if aligned else ()),
+    )
+
+
 def _specs(has_res: bool) -> list[Spec]:
     specs = []
     # Aligned specs first: the native planner takes the first spec whose keys all fit.
@@ -94,16 +108,45 @@ def _specs(has_res: bool) -> list[Spec]:
             lo = 1
             for block in BLOCKS:
                 rows, warps = launch_config(block, has_res, bool(store_sum))
-                specs.append(Spec(
-                    constexprs={"HAS_RES": int(has_res), "STORE_SUM": store_sum, "BLOCK_H": block, "ROWS": rows},
-                    num_warps=warps,
-                    # has_beta is always 1 (beta is a required input), h_div16 1 only for aligned specs
-                    keys=((1, 1), (store_sum, store_sum), (aligned, 1), (lo, block)),
-                    consts=(block, rows),
-                    divisible_by_16=("X", "R", "C", "W", "B", "Y", "S") + (("H",) if aligned else ()),
-                ))
+                # has_beta is always 1 (beta is a required input), h_div16 1 only for aligned specs
+                specs.append(_spec(has_res, ((1, 1), (store_sum, store_sum), (aligned, 1), (lo, block), (0, ANY)),
+                                   rows, warps))
                 lo = block + 1
     return specs
+
+
+# ---- tuning (ort-triton tune): (ROWS, num_warps) per exact H and power-of-two row bucket --------------
+def _tuning(has_res: bool) -> Tuning:
+    def keys(type_name, shapes, attrs, n_outputs=1):
+        h = int(shapes[0][-1])
+        return (1, int(has_res and n_outputs == 2), int(h % 16 == 0), h, row_count(shapes[0]))
+
+    def bucket(k):
+        return ((1, 1), (k[1], k[1]), (k[2], 1), (k[3], k[3]), pow2_bucket(k[4]))
+
+    def candidates(type_name, k, arch):
+        block = next(b for b in BLOCKS if b >= k[3])
+        return row_candidates(launch_config(block, has_res, bool(k[1])), block)
+
+    def spec(type_name, b, config):
+        return _spec(has_res, b, config["ROWS"], config["num_warps"])
+
+    def runner(type_name, shapes, attrs, k, config, device):
+        from ..kernels.layer_norm import layer_norm
+
+        x_shape, h = shapes[0], shapes[0][-1]
+        if has_res:
+            _, (x, skip, bias, gamma, beta) = random_inputs(type_name, [x_shape, x_shape, [h], [h], [h]], device, 5)
+        else:
+            _, (x, gamma, beta) = random_inputs(type_name, [x_shape, [h], [h]], device, 3)
+            skip = bias = None
+        eps, store_sum = float(attrs.get("epsilon", 1e-5)), bool(k[1])
+        y = x.new_empty(x.shape)
+        s = x.new_empty(x.shape) if store_sum else None
+        return lambda: layer_norm(x, gamma, beta, skip, eps, store_sum, bias=bias, out=y, sum_out=s,
+                                  config=(config["ROWS"], config["num_warps"]))
+
+    return Tuning(keys=keys, bucket=bucket, candidates=candidates, spec=spec, runner=runner)
 
 
 # ---- references (float64 numpy) ---------------------------------------------------------------------
@@ -153,6 +196,7 @@ LAYER_NORM = OpContract(
     reference=reference_layer_norm,
     kernel=KERNEL,
     specializations=lambda _t: _specs(has_res=False),
+    tuning=_tuning(has_res=False),
 )
 
 ADD_LAYER_NORM = OpContract(
@@ -168,4 +212,5 @@ ADD_LAYER_NORM = OpContract(
     reference=reference_add_layer_norm,
     kernel=KERNEL,
     specializations=lambda _t: _specs(has_res=True),
+    tuning=_tuning(has_res=True),
 )

@@ -28,7 +28,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from ..contract import IO, Attr, Kernel, OpContract, Spec, attr_ref
+from ..contract import ANY, IO, Attr, Kernel, OpContract, Spec, Tuning, attr_ref, pow2_bucket
+from .tune_space import random_inputs, row_candidates, row_count
 
 MAX_HIDDEN = 16384
 BLOCKS = (256, 1024, 2048, 4096, 8192, 16384)
@@ -41,7 +42,7 @@ KERNEL = Kernel(
                "n_rows": "i32", "H": "i32", "eps": "fp32"},
     native_plan="ot_rms_norm_plan",
     native_params="ot_rms_norm_params",
-    dispatch_keys=("store_sum", "h_div16", "H"),
+    dispatch_keys=("store_sum", "h_div16", "H", "rows"),  # rows: only tuned specs narrow it
 )
 
 
@@ -64,6 +65,19 @@ def launch_config(block_h: int, has_res: bool = False, store_sum: bool = False) 
     return _LAUNCH[block_h][(1 + int(store_sum)) if has_res else 0]
 
 
+def _spec(has_res: bool, keys: tuple[tuple[int, int], ...], rows: int, warps: int) -> Spec:
+    """The spec for the key ranges ((store_sum), (h_div16 lo, 1), (H lo, hi), (rows lo, hi)): BLOCK_H is the
+    block that holds H hi; h_div16 lo = 1 promises 16-byte aligned rows."""
+    store_sum, aligned, block = keys[0][0], keys[1][0], next(b for b in BLOCKS if b >= keys[2][1])
+    return Spec(
+        constexprs={"HAS_RES": int(has_res), "STORE_SUM": store_sum, "BLOCK_H": block, "ROWS": rows},
+        num_warps=warps,
+        keys=tuple(keys),
+        consts=(block, rows),
+        divisible_by_16=("X", "R", "W", "Y", "S") + (("H",) if aligned else ()),
+    )
+
+
 def _specs(has_res: bool) -> list[Spec]:
     specs = []
     # Aligned specs first: the native planner takes the first spec whose keys all fit.
@@ -72,15 +86,44 @@ def _specs(has_res: bool) -> list[Spec]:
             lo = 1
             for block in BLOCKS:
                 rows, warps = launch_config(block, has_res, bool(store_sum))
-                specs.append(Spec(
-                    constexprs={"HAS_RES": int(has_res), "STORE_SUM": store_sum, "BLOCK_H": block, "ROWS": rows},
-                    num_warps=warps,
-                    keys=((store_sum, store_sum), (aligned, 1), (lo, block)),
-                    consts=(block, rows),
-                    divisible_by_16=("X", "R", "W", "Y", "S") + (("H",) if aligned else ()),
-                ))
+                specs.append(_spec(has_res, ((store_sum, store_sum), (aligned, 1), (lo, block), (0, ANY)), rows,
+                                   warps))
                 lo = block + 1
     return specs
+
+
+# ---- tuning (ort-triton tune): (ROWS, num_warps) per exact H and power-of-two row bucket --------------
+def _tuning(has_res: bool) -> Tuning:
+    def keys(type_name, shapes, attrs, n_outputs=1):
+        h = int(shapes[0][-1])
+        return (int(has_res and n_outputs == 2), int(h % 16 == 0), h, row_count(shapes[0]))
+
+    def bucket(k):
+        return ((k[0], k[0]), (k[1], 1), (k[2], k[2]), pow2_bucket(k[3]))
+
+    def candidates(type_name, k, arch):
+        block = next(b for b in BLOCKS if b >= k[2])
+        return row_candidates(launch_config(block, has_res, bool(k[0])), block)
+
+    def spec(type_name, b, config):
+        return _spec(has_res, b, config["ROWS"], config["num_warps"])
+
+    def runner(type_name, shapes, attrs, k, config, device):
+        from ..kernels.rms_norm import rms_norm
+
+        x_shape, h = shapes[0], shapes[0][-1]
+        if has_res:
+            _, (x, skip, gamma) = random_inputs(type_name, [x_shape, x_shape, [h]], device, 3)
+        else:
+            _, (x, gamma) = random_inputs(type_name, [x_shape, [h]], device, 2)
+            skip = None
+        eps, store_sum = float(attrs.get("epsilon", 1e-6)), bool(k[0])
+        y = x.new_empty(x.shape)
+        s = x.new_empty(x.shape) if store_sum else None
+        return lambda: rms_norm(x, gamma, skip, eps, store_sum, out=y, sum_out=s,
+                                config=(config["ROWS"], config["num_warps"]))
+
+    return Tuning(keys=keys, bucket=bucket, candidates=candidates, spec=spec, runner=runner)
 
 
 # ---- references (float64 numpy) ---------------------------------------------------------------------
@@ -127,6 +170,7 @@ RMS_NORM = OpContract(
     reference=reference_rms_norm,
     kernel=KERNEL,
     specializations=lambda _t: _specs(has_res=False),
+    tuning=_tuning(has_res=False),
 )
 
 ADD_RMS_NORM = OpContract(
@@ -140,4 +184,5 @@ ADD_RMS_NORM = OpContract(
     reference=reference_add_rms_norm,
     kernel=KERNEL,
     specializations=lambda _t: _specs(has_res=True),
+    tuning=_tuning(has_res=True),
 )

@@ -21,3 +21,27 @@ def random_inputs(type_name: str, shapes: list, device: str, n_random: int = 3):
     tensors = [torch.randn(sh, generator=gen, device=device).to(dtype) for sh in shapes[:n_random]]
     tensors += [torch.zeros(sh, device=device, dtype=dtype) for sh in shapes[n_random:]]
     return dtype, tensors
+
+
+# ---- row-wise ops (LayerNorm, RMSNorm and their residual forms) --------------------------------------
+# One program normalises ROWS rows of BLOCK_H columns in registers: the config is (ROWS, num_warps). Few
+# warps with many rows in flight, or wide programs over one row, win at different row counts and widths
+# (bench/results: layer_norm_sweep_h200.json), so the tuner times both directions around the built-in.
+ROW_COUNTS = (1, 2, 4, 8)
+ROW_WARPS = (1, 2, 4, 8, 16)
+ROW_MAX_ELEMENTS = 32768  # ROWS * BLOCK_H held in registers: past this the kernel spills
+
+
+def row_candidates(builtin: tuple[int, int], block_h: int) -> list[dict]:
+    """The built-in (ROWS, num_warps) first, then every pair of the grid that fits in registers."""
+    first = dict(ROWS=builtin[0], num_warps=builtin[1])
+    grid = [dict(ROWS=r, num_warps=w) for r in ROW_COUNTS for w in ROW_WARPS if r * block_h <= ROW_MAX_ELEMENTS]
+    return [first] + [c for c in grid if c != first]
+
+
+def row_count(shape) -> int:
+    """Rows of a [..., H] tensor."""
+    n = 1
+    for d in shape[:-1]:
+        n *= int(d)
+    return n

@@ -66,7 +66,7 @@ def test_layer_norm_plan_picks_spec_by_alignment(lib, elem_type, h, aligned):
     rc, msg = plan(lib, "LayerNorm", [[4, 8, h], [h], [h]], elem_type=elem_type)
     assert rc == 0, msg
     kernel, (arch, gx, gy, gz, block, _shared) = parse(msg)
-    want, ranges = first_spec(lib, "LayerNorm", elem_type, [1, 0, aligned, h])
+    want, ranges = first_spec(lib, "LayerNorm", elem_type, [1, 0, aligned, h, 32])  # 32 rows
     assert kernel == want
     assert ranges[2][0] == aligned  # aligned H gets the spec that assumes H % 16 == 0, odd H one that does not
     assert arch == 90 and 1 <= gx <= 32 and (gy, gz) == (1, 1) and block % 32 == 0
@@ -75,7 +75,7 @@ def test_layer_norm_plan_picks_spec_by_alignment(lib, elem_type, h, aligned):
 def test_add_layer_norm_with_sum_output_picks_store_sum_spec(lib):
     rc, msg = plan(lib, "AddLayerNorm", [[2, 1024], [2, 1024], [1024], [1024], [1024]], n_outputs=2)
     assert rc == 0, msg
-    assert parse(msg)[0] == first_spec(lib, "AddLayerNorm", FLOAT, [1, 1, 1, 1024])[0]
+    assert parse(msg)[0] == first_spec(lib, "AddLayerNorm", FLOAT, [1, 1, 1, 1024, 2])[0]
 
 
 def test_empty_tensor_plans_an_empty_grid(lib):

@@ -10,6 +10,7 @@ from ort_triton.ops.attention import HEAD_DIMS
 from ort_triton.ops.causal_attention import DECODE_ROWS, SPLIT_MIN_KEYS, block_config, split_keys, workspace_floats
 
 FLOAT, FLOAT16, BFLOAT16 = 1, 10, 16
+PREFILL_M = block_config(64, "float16", DECODE_ROWS + 1)["BLOCK_M"]  # the fp16 prefill tile at head dim 64
 TYPE_NAMES = {FLOAT: "float", FLOAT16: "float16", BFLOAT16: "bfloat16"}
 OP = "CausalAttention"
 
@@ -155,7 +156,8 @@ def test_both_meanings_of_rows_without_keys_plan(lib, masked_rows):
         (shapes(1, 4, 2, 5, 1 << 25, 128), 0, "past this kernel's 32-bit indexing"),
         (shapes(1, 1 << 20, 1, 1 << 12, 1 << 12, 64), 0, "past this kernel's 32-bit indexing"),
         (shapes(1 << 18, 64, 64, 1 << 14, 1 << 14, 64), 0,
-         "the launch needs ceil(G * S / 128) * B * Nkv = 128 * 262144 * 64 programs, more than the 2147483647"),
+         f"the launch needs ceil(G * S / {PREFILL_M}) * B * Nkv = {(1 << 14) // PREFILL_M} * 262144 * 64 programs, "
+         "more than the 2147483647"),
     ],
 )
 def test_plan_errors(lib, inputs, masked_rows, expected):

@@ -13,6 +13,7 @@ import pytest
 
 import graph_rewrites
 from ort_triton import models, tune, tuning
+from ort_triton.ops import BY_NAME
 from ort_triton.ops.attention import TUNING as MHA_TUNING
 from tests.conftest import run_cli
 
@@ -43,7 +44,8 @@ def table(fused_bert):
     # 1x16 (aligned, Sq bucket 9..16, B * N = 2): the third candidate is 2x faster; 2x9 (unaligned, B * N = 4):
     # 2% is noise
     out = tune.tune(fused_bert, [(1, 16), (2, 9)], device="cpu", arch=90, max_candidates=3, budget_min=5,
-                    timer=scripted([1.0, 0.99, 0.5, 1.0, 0.98, 1.2]), log=lambda s: None)
+                    timer=scripted([1.0, 0.99, 0.5, 1.0, 0.98, 1.2]), ops=("MultiHeadAttention",),
+                    log=lambda s: None)
     return out
 
 
@@ -65,7 +67,7 @@ def test_table_entries(table, fused_bert):
 
 def test_budget_spent_keeps_builtin(fused_bert, tmp_path):
     out = tune.tune(fused_bert, [(1, 16)], out=tmp_path / "t.json", device="cpu", arch=90, budget_min=1e-9,
-                    timer=scripted([]), log=lambda s: None)
+                    timer=scripted([]), ops=("MultiHeadAttention",), log=lambda s: None)
     data = json.loads(out.read_text())
     assert data["entries"] == [] and data["not_tuned"] == 1
 
@@ -80,7 +82,7 @@ def test_a_failing_candidate_is_skipped_with_the_reason(fused_bert, tmp_path):
         return 1.0 / timer.n
 
     out = tune.tune(fused_bert, [(1, 16)], out=tmp_path / "t.json", device="cpu", arch=90, max_candidates=3,
-                    timer=timer, log=lambda s: None)
+                    timer=timer, ops=("MultiHeadAttention",), log=lambda s: None)
     (entry,) = json.loads(out.read_text())["entries"]
     assert entry["timed"] == 2 and "out of resources" in entry["skipped"][0]["reason"]
     assert entry["config"] == MHA_TUNING.candidates("float", (32, 1, 16, 2), 90)[2]
@@ -94,7 +96,7 @@ def test_a_model_without_tunable_nodes_is_refused(tmp_path):
 
 @pytest.mark.parametrize("edit, message", [
     (lambda t: t.update(format="x"), "is not an ort_triton tuning table"),
-    (lambda t: t["entries"][0].update(op="LayerNorm"), "op 'LayerNorm' is not tunable"),
+    (lambda t: t["entries"][0].update(op="BiasGelu"), "op 'BiasGelu' is not tunable"),
     (lambda t: t["entries"][0].update(keys=[[32, 32]]), "keys must be 4 ranges"),
     (lambda t: t["entries"][0].update(type="int8"), "has no element type 'int8'"),
     (lambda t: t["entries"][0]["config"].pop("BLOCK_N"), "does not make a MultiHeadAttention kernel"),
@@ -162,3 +164,63 @@ def test_cli_says_what_is_missing(fused_bert, tmp_path):
     res = run_cli("tune", fused_bert, "--shapes", "1x8", check=False, env={"CUDA_VISIBLE_DEVICES": ""})
     assert res.returncode == 2 and "tuning times kernels on a GPU" in res.stderr
     assert not list(fused_bert.parent.glob("*.tuning.json.*"))  # no partial table left behind
+
+
+# ---- row-wise ops: LayerNorm and AddLayerNorm, by exact H and power-of-two row bucket --------------------
+def _alternating(fn):
+    """A timer that runs the kernel and makes every second candidate (the first after the built-in) 2x
+    faster than the built-in."""
+    fn()
+    _alternating.n = getattr(_alternating, "n", 0) + 1
+    return 0.5 if _alternating.n % 2 == 0 else 1.0
+
+
+@pytest.fixture(scope="module")
+def norm_table(fused_bert, tmp_path_factory):
+    _alternating.n = 0
+    return tune.tune(fused_bert, [(1, 16), (4, 16)], out=tmp_path_factory.mktemp("norm") / "t.json", device="cpu",
+                     arch=90, max_candidates=2, timer=_alternating, ops=("LayerNorm", "AddLayerNorm"),
+                     log=lambda s: None)
+
+
+def test_norm_problems_are_bucketed_by_rows(norm_table):
+    """16 and 64 rows of the same H are two problems per op form (rows buckets 9..16 and 33..64); each entry
+    holds the second candidate, which the runner launched (under the interpreter) before it was timed."""
+    data = json.loads(norm_table.read_text())
+    entries = data["entries"]
+    assert {e["op"] for e in entries} == {"LayerNorm", "AddLayerNorm"}
+    assert sorted({tuple(e["keys"][4]) for e in entries}) == [(9, 16), (33, 64)]  # the rows key
+    for e in entries:
+        h = e["keys"][3][0]
+        assert e["keys"][3] == [h, h] and e["problem"]["shapes"][0][-1] == h
+        assert not e["builtin"] and e["timed"] == 2
+        op = BY_NAME[e["op"]]
+        assert e["config"] == op.tuning.candidates("float", tuple(e["problem"]["keys"]), 90)[1]
+    # post-LN BERT's next residual is Y, so no AddLayerNorm there keeps its sum (the store_sum key is 0)
+    assert {e["keys"][1][0] for e in entries if e["op"] == "AddLayerNorm"} == {0}
+
+
+def test_build_dispatches_the_tuned_norm_by_rows(norm_table, tmp_path):
+    """The tuned LayerNorm spec (one row bucket, exact H) comes first and is taken only inside its bucket."""
+    run_cli("build", "--arch", "90", "--tuning", norm_table, "-o", tmp_path)
+    lib = ctypes.CDLL(str(tmp_path / "libort_triton.so"))
+    lib.ort_triton_plan.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                    ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int),
+                                    ctypes.POINTER(ctypes.c_int64), ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+    (entry,) = [e for e in json.loads(norm_table.read_text())["entries"]
+                if e["op"] == "LayerNorm" and e["keys"][4] == [9, 16]]
+    h = entry["keys"][3][0]
+
+    def plan(rows, hidden=h):
+        msg = ctypes.create_string_buffer(512)
+        rc = lib.ort_triton_plan(b"LayerNorm", FLOAT, 90, 3, (ctypes.c_int * 3)(1, 1, 1), (ctypes.c_int * 3)(2, 1, 1),
+                                 (ctypes.c_int64 * 4)(rows, hidden, hidden, hidden), 1, msg, 512)
+        assert rc == 0, msg.value
+        return dict(kv.split("=") for kv in msg.value.decode().split())
+
+    tuned = plan(16)
+    tuned_specs = sum(1 for e in json.loads(norm_table.read_text())["entries"] if e["op"] == "LayerNorm")
+    assert int(tuned["spec"]) < tuned_specs and int(tuned["block"]) == 32 * entry["config"]["num_warps"]
+    assert int(tuned["grid"].split(",")[0]) == -(-16 // entry["config"]["ROWS"])
+    for rows, hidden in ((17, h), (8, h), (16, h + 16)):  # another row bucket; another H
+        assert int(plan(rows, hidden)["spec"]) >= tuned_specs
