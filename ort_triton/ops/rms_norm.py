@@ -28,8 +28,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from ..contract import ANY, IO, Attr, Kernel, OpContract, Spec, Tuning, attr_ref, pow2_bucket
-from .tune_space import random_inputs, row_candidates, row_count
+from ..contract import ANY, IO, Attr, Kernel, OpContract, Spec, Tuning, attr_ref
+from .tune_space import random_inputs, row_tuning
 
 MAX_HIDDEN = 16384
 BLOCKS = (256, 1024, 2048, 4096, 8192, 16384)
@@ -93,22 +93,8 @@ def _specs(has_res: bool) -> list[Spec]:
 
 
 # ---- tuning (ort-triton tune): (ROWS, num_warps) per exact H and power-of-two row bucket --------------
-def _tuning(has_res: bool) -> Tuning:
-    def keys(type_name, shapes, attrs, n_outputs=1):
-        h = int(shapes[0][-1])
-        return (int(has_res and n_outputs == 2), int(h % 16 == 0), h, row_count(shapes[0]))
-
-    def bucket(k):
-        return ((k[0], k[0]), (k[1], 1), (k[2], k[2]), pow2_bucket(k[3]))
-
-    def candidates(type_name, k, arch):
-        block = next(b for b in BLOCKS if b >= k[2])
-        return row_candidates(launch_config(block, has_res, bool(k[0])), block)
-
-    def spec(type_name, b, config):
-        return _spec(has_res, b, config["ROWS"], config["num_warps"])
-
-    def runner(type_name, shapes, attrs, k, config, device):
+def _tune_run(has_res: bool):
+    def run(type_name, shapes, attrs, store_sum, config, device):
         from ..kernels.rms_norm import rms_norm
 
         x_shape, h = shapes[0], shapes[0][-1]
@@ -117,13 +103,15 @@ def _tuning(has_res: bool) -> Tuning:
         else:
             _, (x, gamma) = random_inputs(type_name, [x_shape, [h]], device, 2)
             skip = None
-        eps, store_sum = float(attrs.get("epsilon", 1e-6)), bool(k[0])
-        y = x.new_empty(x.shape)
-        s = x.new_empty(x.shape) if store_sum else None
-        return lambda: rms_norm(x, gamma, skip, eps, store_sum, out=y, sum_out=s,
-                                config=(config["ROWS"], config["num_warps"]))
+        y, s = x.new_empty(x.shape), (x.new_empty(x.shape) if store_sum else None)
+        eps = float(attrs.get("epsilon", 1e-6))
+        return lambda: rms_norm(x, gamma, skip, eps, store_sum, out=y, sum_out=s, config=config)
+    return run
 
-    return Tuning(keys=keys, bucket=bucket, candidates=candidates, spec=spec, runner=runner)
+
+def _tuning(has_res: bool) -> Tuning:
+    return row_tuning(prefix=(), has_res=has_res, blocks=BLOCKS, launch_config=launch_config, make_spec=_spec,
+                      run=_tune_run(has_res))
 
 
 # ---- references (float64 numpy) ---------------------------------------------------------------------

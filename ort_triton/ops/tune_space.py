@@ -3,6 +3,8 @@ random inputs its timing runs on."""
 
 from __future__ import annotations
 
+from ..contract import Tuning, pow2_bucket
+
 
 def tile_candidates(builtin: dict, block_ms, block_ns, warps=(4, 8), stages=(2, 3)) -> list[dict]:
     """The built-in config first, then every (BLOCK_M, BLOCK_N, num_warps, num_stages) of the grid but it."""
@@ -45,3 +47,31 @@ def row_count(shape) -> int:
     for d in shape[:-1]:
         n *= int(d)
     return n
+
+
+def row_tuning(*, prefix: tuple[int, ...], has_res: bool, blocks, launch_config, make_spec, run) -> Tuning:
+    """The Tuning of a row-wise op whose dispatch keys are `prefix` (exact, LayerNorm's has_beta), then
+    store_sum, h_div16, H and rows: a bucket is one exact H and a power-of-two row range.
+    make_spec(has_res, bucket, ROWS, num_warps) -> Spec; run(type, shapes, attrs, store_sum, (ROWS, num_warps),
+    device) -> the launch."""
+    at = len(prefix)  # where store_sum sits
+
+    def keys(type_name, shapes, attrs, n_outputs=1):
+        h = int(shapes[0][-1])
+        return (*prefix, int(has_res and n_outputs == 2), int(h % 16 == 0), h, row_count(shapes[0]))
+
+    def bucket(k):
+        exact = tuple((v, v) for v in k[:at])
+        return (*exact, (k[at], k[at]), (k[at + 1], 1), (k[at + 2], k[at + 2]), pow2_bucket(k[at + 3]))
+
+    def candidates(type_name, k, arch):
+        block = next(b for b in blocks if b >= k[at + 2])
+        return row_candidates(launch_config(block, has_res, bool(k[at])), block)
+
+    def spec(type_name, b, config):
+        return make_spec(has_res, b, config["ROWS"], config["num_warps"])
+
+    def runner(type_name, shapes, attrs, k, config, device):
+        return run(type_name, shapes, attrs, bool(k[at]), (config["ROWS"], config["num_warps"]), device)
+
+    return Tuning(keys=keys, bucket=bucket, candidates=candidates, spec=spec, runner=runner)
