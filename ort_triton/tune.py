@@ -45,6 +45,7 @@ class Problem:
 
 
 _TYPES = {code: name for name, code in ELEMENT_TYPES.items()}  # ONNX element type -> contract type name
+_ORT_TYPES = {f"tensor({name})": name for name in ELEMENT_TYPES}  # OrtValue.data_type() -> the same
 
 
 def _input_specs(proto):
@@ -73,9 +74,14 @@ def model_feeds(proto, batch: int, seq: int, past: int = 0, seed: int = 0) -> di
             shape = [d if d is not None else (batch if i == 0 else seq) for i, d in enumerate(dims)]
         if any(d is None for d in shape):
             raise ValueError(f"input {name} has a dim this shape does not fix: {dims}")
-        if elem in _TYPES:
-            np_type = {"float": np.float32, "float16": np.float16, "bfloat16": np.float32}[_TYPES[elem]]
-            feeds[name] = rng.standard_normal(shape).astype(np_type)
+        if elem in _TYPES and _TYPES[elem] == "bfloat16":  # numpy has no bfloat16: ORT takes it as an OrtValue
+            import ml_dtypes
+            import onnxruntime as ort
+
+            bits = rng.standard_normal(shape).astype(ml_dtypes.bfloat16).view(np.uint16)
+            feeds[name] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(bits, elem)
+        elif elem in _TYPES:
+            feeds[name] = rng.standard_normal(shape).astype(np.float16 if _TYPES[elem] == "float16" else np.float32)
         elif "mask" in name:
             feeds[name] = np.ones(shape, np.int64)
         else:
@@ -134,12 +140,17 @@ def find_problems(model_path, shapes, *, decode=(), device: str = "cuda", librar
     runs = [("prefill" if decode else "shape", b, s, 0) for b, s in shapes] + [("decode", b, 1, p) for b, p in decode]
     for kind, b, s, past in runs:
         label = f"{kind} {b}x{past if kind == 'decode' else s}"
-        values = dict(zip(names, sess.run(None, model_feeds(proto, b, s, past))))
+        feeds = {k: v if isinstance(v, ort.OrtValue) else ort.OrtValue.ortvalue_from_numpy(v)
+                 for k, v in model_feeds(proto, b, s, past).items()}
+        # OrtValues all through: run() cannot return a bfloat16 tensor (numpy has no such type)
+        values = dict(zip(names, sess.run_with_ort_values(None, feeds))) | feeds
         for n in nodes:
             contract = tunable[n.op_type]
-            shapes_in = [list(values[i].shape) if i in values else inits.get(i) for i in n.input]
-            elem = values[n.input[0]].dtype
-            type_name = {"float32": "float", "float16": "float16"}.get(str(elem), "bfloat16")
+            shapes_in = [list(values[i].shape()) if i in values else inits.get(i) for i in n.input]
+            type_name = _ORT_TYPES.get(values[n.input[0]].data_type())
+            if type_name is None:
+                raise ValueError(f"{n.op_type} node {n.name!r}: input {n.input[0]} is "
+                                 f"{values[n.input[0]].data_type()}; the kernels take {', '.join(_ORT_TYPES)}")
             attrs = _attrs(n, contract)
             n_outputs = max((i + 1 for i, o in enumerate(n.output) if o), default=0)  # as the library counts
             keys = contract.tuning.keys(type_name, shapes_in, attrs, n_outputs)

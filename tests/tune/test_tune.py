@@ -8,6 +8,7 @@ elsewhere. The GPU numbers come from scripts/gpu_check.sh on the device."""
 import ctypes
 import json
 
+import numpy as np
 import onnx
 import pytest
 
@@ -224,3 +225,29 @@ def test_build_dispatches_the_tuned_norm_by_rows(norm_table, tmp_path):
     assert int(tuned["grid"].split(",")[0]) == -(-16 // entry["config"]["ROWS"])
     for rows, hidden in ((17, h), (8, h), (16, h + 16)):  # another row bucket; another H
         assert int(plan(rows, hidden)["spec"]) >= tuned_specs
+
+
+def test_a_bfloat16_model_tunes(tmp_path):
+    """bf16 inputs go in as OrtValues and the nodes' inputs come back as OrtValues (numpy has no bfloat16):
+    the problem is a bfloat16 one and its runner launches the bf16 kernel."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from ort_triton.contract import DOMAIN
+    from ort_triton.ops.layer_norm import LAYER_NORM
+
+    h = 64
+    vec = lambda name: numpy_helper.from_array(np.ones(h, np.float32), name)
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["gamma32"], ["gamma"], to=TensorProto.BFLOAT16),
+         helper.make_node("Cast", ["beta32"], ["beta"], to=TensorProto.BFLOAT16),
+         helper.make_node("LayerNorm", ["x", "gamma", "beta"], ["y"], domain=DOMAIN, name="ln", epsilon=1e-5)],
+        "bf16", [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, ["b", "s", h])],
+        [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, ["b", "s", h])], [vec("gamma32"), vec("beta32")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, 1)],
+                              functions=[LAYER_NORM.function_proto(18)], ir_version=9)
+    onnx.save(model, tmp_path / "bf16.onnx")
+    out = tune.tune(tmp_path / "bf16.onnx", [(2, 8)], device="cpu", arch=90, max_candidates=2,
+                    timer=scripted([1.0, 0.5]), log=lambda s: None)
+    (entry,) = json.loads(out.read_text())["entries"]
+    assert entry["type"] == "bfloat16" and entry["problem"]["shapes"][0] == [2, 8, h]
+    assert entry["keys"] == [[1, 1], [0, 0], [1, 1], [h, h], [9, 16]] and not entry["builtin"]
