@@ -46,6 +46,48 @@ def diff(name: str, ref: np.ndarray, out: np.ndarray, rtol: float, atol: float =
                       "" if same_nonfinite else "NaN/Inf in different places")
 
 
+def _bfloat16():
+    import ml_dtypes  # onnx's own dependency
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def ort_feeds(feeds: dict) -> dict:
+    """numpy feeds -> OrtValues, bfloat16 ones (ml_dtypes arrays, which ORT's run() refuses) by their bits."""
+    import onnxruntime as ort
+    from onnx import TensorProto
+
+    return {k: ort.OrtValue.ortvalue_from_numpy_with_onnx_type(np.ascontiguousarray(v).view(np.uint16),
+                                                               TensorProto.BFLOAT16)
+            if v.dtype == _bfloat16() else ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v))
+            for k, v in feeds.items()}
+
+
+def run_session(session, feeds: dict) -> list[np.ndarray]:
+    """session.run for any float type: feeds and outputs go through OrtValues, so bfloat16 inputs and outputs
+    work (numpy has no bfloat16; they come back as ml_dtypes.bfloat16 arrays, which np.float64 converts)."""
+    import ctypes
+
+    outputs = []
+    for v in session.run_with_ort_values(None, ort_feeds(feeds)):
+        if v.data_type() == "tensor(bfloat16)":  # a CPU tensor (run() outputs): read its bits
+            shape = tuple(v.shape())
+            n = int(np.prod(shape)) if shape else 1
+            bits = np.frombuffer((ctypes.c_uint16 * n).from_address(v.data_ptr()), np.uint16) if n else \
+                np.zeros(0, np.uint16)
+            outputs.append(bits.copy().reshape(shape).view(_bfloat16()))
+        else:
+            outputs.append(v.numpy())
+    return outputs
+
+
+def random_normal(rng, shape, ort_type: str) -> np.ndarray:
+    """Normal noise in the input's float type ('tensor(float16)', 'tensor(bfloat16)', else float32)."""
+    x = rng.normal(size=shape)
+    return x.astype(np.float16 if "float16" in ort_type and "bfloat16" not in ort_type else
+                    _bfloat16() if "bfloat16" in ort_type else np.float32)
+
+
 def random_inputs(session, batch: int, seq: int, vocab: int | dict, seed: int = 0) -> dict:
     """Inputs for a session, by name. Static dims are kept; a symbolic dim becomes `batch` when it is
     the first and `seq` otherwise. Integer inputs named like a mask get ones with the last row padded
@@ -56,7 +98,7 @@ def random_inputs(session, batch: int, seq: int, vocab: int | dict, seed: int = 
     for inp in session.get_inputs():
         shape = [d if isinstance(d, int) else (batch if i == 0 else seq) for i, d in enumerate(inp.shape)]
         if "float" in inp.type:
-            feeds[inp.name] = rng.normal(size=shape).astype(np.float16 if "float16" in inp.type else np.float32)
+            feeds[inp.name] = random_normal(rng, shape, inp.type)
         elif "mask" in inp.name:
             m = np.ones(shape, np.int64)
             if m.ndim == 2:
@@ -100,4 +142,5 @@ def compare_models(a, b, *, device: str = "cpu", batch: int = 2, seq: int = 16, 
     names = [o.name for o in ref.get_outputs()]
     if names != [o.name for o in cand.get_outputs()]:
         raise ValueError(f"the models' outputs differ: {names} vs {[o.name for o in cand.get_outputs()]}")
-    return [diff(n, x, y, rtol, atol) for n, x, y in zip(names, ref.run(None, feeds), cand.run(None, feeds))], feeds
+    return [diff(n, x, y, rtol, atol) for n, x, y in zip(names, run_session(ref, feeds), run_session(cand, feeds))], \
+        feeds

@@ -45,7 +45,7 @@ class Problem:
 
 
 _TYPES = {code: name for name, code in ELEMENT_TYPES.items()}  # ONNX element type -> contract type name
-_ORT_TYPES = {f"tensor({name})": name for name in ELEMENT_TYPES}  # OrtValue.data_type() -> the same
+_NUMPY_TYPES = {"float32": "float", "float16": "float16", "bfloat16": "bfloat16"}  # numpy dtype -> the same
 
 
 def _input_specs(proto):
@@ -59,7 +59,7 @@ def model_feeds(proto, batch: int, seq: int, past: int = 0, seed: int = 0) -> di
     """Random inputs for one model shape. A model with a KV cache (inputs named past_*): S new tokens over
     P cached positions (past_* [B, ..., P, D], attention_mask [B, P + S]); otherwise every symbolic dim is
     B when first and S after. Token ids stay below the table they index."""
-    from .compare import index_ranges
+    from .compare import index_ranges, random_normal
 
     rng = np.random.default_rng(seed)
     ranges = index_ranges(proto)
@@ -74,14 +74,8 @@ def model_feeds(proto, batch: int, seq: int, past: int = 0, seed: int = 0) -> di
             shape = [d if d is not None else (batch if i == 0 else seq) for i, d in enumerate(dims)]
         if any(d is None for d in shape):
             raise ValueError(f"input {name} has a dim this shape does not fix: {dims}")
-        if elem in _TYPES and _TYPES[elem] == "bfloat16":  # numpy has no bfloat16: ORT takes it as an OrtValue
-            import ml_dtypes
-            import onnxruntime as ort
-
-            bits = rng.standard_normal(shape).astype(ml_dtypes.bfloat16).view(np.uint16)
-            feeds[name] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(bits, elem)
-        elif elem in _TYPES:
-            feeds[name] = rng.standard_normal(shape).astype(np.float16 if _TYPES[elem] == "float16" else np.float32)
+        if elem in _TYPES:
+            feeds[name] = random_normal(rng, shape, f"tensor({_TYPES[elem]})")
         elif "mask" in name:
             feeds[name] = np.ones(shape, np.int64)
         else:
@@ -104,6 +98,7 @@ def find_problems(model_path, shapes, *, decode=(), device: str = "cuda", librar
     import onnx
     import onnxruntime as ort
 
+    from .compare import run_session
     from .contract import DOMAIN
 
     model_path = pathlib.Path(model_path)
@@ -140,17 +135,15 @@ def find_problems(model_path, shapes, *, decode=(), device: str = "cuda", librar
     runs = [("prefill" if decode else "shape", b, s, 0) for b, s in shapes] + [("decode", b, 1, p) for b, p in decode]
     for kind, b, s, past in runs:
         label = f"{kind} {b}x{past if kind == 'decode' else s}"
-        feeds = {k: v if isinstance(v, ort.OrtValue) else ort.OrtValue.ortvalue_from_numpy(v)
-                 for k, v in model_feeds(proto, b, s, past).items()}
-        # OrtValues all through: run() cannot return a bfloat16 tensor (numpy has no such type)
-        values = dict(zip(names, sess.run_with_ort_values(None, feeds))) | feeds
+        feeds = model_feeds(proto, b, s, past)
+        values = dict(zip(names, run_session(sess, feeds))) | feeds  # bfloat16 too (compare.run_session)
         for n in nodes:
             contract = tunable[n.op_type]
-            shapes_in = [list(values[i].shape()) if i in values else inits.get(i) for i in n.input]
-            type_name = _ORT_TYPES.get(values[n.input[0]].data_type())
+            shapes_in = [list(values[i].shape) if i in values else inits.get(i) for i in n.input]
+            type_name = _NUMPY_TYPES.get(str(values[n.input[0]].dtype))
             if type_name is None:
-                raise ValueError(f"{n.op_type} node {n.name!r}: input {n.input[0]} is "
-                                 f"{values[n.input[0]].data_type()}; the kernels take {', '.join(_ORT_TYPES)}")
+                raise ValueError(f"{n.op_type} node {n.name!r}: input {n.input[0]} is {values[n.input[0]].dtype}; "
+                                 f"the kernels take {', '.join(ELEMENT_TYPES)}")
             attrs = _attrs(n, contract)
             n_outputs = max((i + 1 for i, o in enumerate(n.output) if o), default=0)  # as the library counts
             keys = contract.tuning.keys(type_name, shapes_in, attrs, n_outputs)

@@ -227,16 +227,16 @@ def test_build_dispatches_the_tuned_norm_by_rows(norm_table, tmp_path):
         assert int(plan(rows, hidden)["spec"]) >= tuned_specs
 
 
-def test_a_bfloat16_model_tunes(tmp_path):
-    """bf16 inputs go in as OrtValues and the nodes' inputs come back as OrtValues (numpy has no bfloat16):
-    the problem is a bfloat16 one and its runner launches the bf16 kernel."""
+def _bf16_layer_norm_model(path):
+    """x [b, s, 64] bfloat16 -> our LayerNorm (bf16, its function body: LayerNormalization, which ORT CPU
+    runs in bf16) -> y bfloat16."""
     from onnx import TensorProto, helper, numpy_helper
 
     from ort_triton.contract import DOMAIN
     from ort_triton.ops.layer_norm import LAYER_NORM
 
     h = 64
-    vec = lambda name: numpy_helper.from_array(np.ones(h, np.float32), name)
+    vec = lambda name: numpy_helper.from_array(np.linspace(0.5, 1.5, h).astype(np.float32), name)
     graph = helper.make_graph(
         [helper.make_node("Cast", ["gamma32"], ["gamma"], to=TensorProto.BFLOAT16),
          helper.make_node("Cast", ["beta32"], ["beta"], to=TensorProto.BFLOAT16),
@@ -245,9 +245,30 @@ def test_a_bfloat16_model_tunes(tmp_path):
         [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, ["b", "s", h])], [vec("gamma32"), vec("beta32")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, 1)],
                               functions=[LAYER_NORM.function_proto(18)], ir_version=9)
-    onnx.save(model, tmp_path / "bf16.onnx")
-    out = tune.tune(tmp_path / "bf16.onnx", [(2, 8)], device="cpu", arch=90, max_candidates=2,
-                    timer=scripted([1.0, 0.5]), log=lambda s: None)
+    onnx.save(model, path)
+    return path
+
+
+def test_a_bfloat16_model_tunes(tmp_path):
+    """bf16 inputs and the nodes' bf16 inputs go through OrtValues (numpy has no bfloat16, run() takes and
+    gives none): the problem is a bfloat16 one and its runner launches the bf16 kernel."""
+    model = _bf16_layer_norm_model(tmp_path / "bf16.onnx")
+    out = tune.tune(model, [(2, 8)], device="cpu", arch=90, max_candidates=2, timer=scripted([1.0, 0.5]),
+                    log=lambda s: None)
     (entry,) = json.loads(out.read_text())["entries"]
-    assert entry["type"] == "bfloat16" and entry["problem"]["shapes"][0] == [2, 8, h]
-    assert entry["keys"] == [[1, 1], [0, 0], [1, 1], [h, h], [9, 16]] and not entry["builtin"]
+    assert entry["type"] == "bfloat16" and entry["problem"]["shapes"][0] == [2, 8, 64]
+    assert entry["keys"] == [[1, 1], [0, 0], [1, 1], [64, 64], [9, 16]] and not entry["builtin"]
+
+
+def test_compare_runs_a_bfloat16_model(tmp_path):
+    """`ort-triton compare` with bfloat16 inputs and outputs: the model against itself passes (dtype column
+    bfloat16), and against a copy whose gamma is changed fails."""
+    model = _bf16_layer_norm_model(tmp_path / "bf16.onnx")
+    res = run_cli("compare", model, model, "--inputs", "2x8")
+    assert "PASSED: 1/1" in res.stdout and "bfloat16" in res.stdout
+    other = onnx.load(model)
+    other.graph.initializer[0].float_data[:] = []
+    other.graph.initializer[0].raw_data = (np.ones(64, np.float32) * 3).tobytes()
+    onnx.save(other, tmp_path / "other.onnx")
+    res = run_cli("compare", model, tmp_path / "other.onnx", "--inputs", "2x8", check=False)
+    assert res.returncode == 1 and "FAILED" in res.stdout
