@@ -109,3 +109,28 @@ def tuned_specs(entries: list[Entry], op: OpContract, type_name: str, archs) -> 
         raise TuningError(f"unknown element type {type_name!r}")
     return [(e.spec(), e.arch) for e in entries
             if e.op == op.name and e.type == type_name and e.arch in archs and not e.builtin]
+
+
+def agreement(a, b, noise: float) -> tuple[list[dict], str]:
+    """Two tables of the same model and GPU (paths), bucket by bucket: the same config, or two configs whose
+    times (each run's own measure of its pick) are within `noise` of each other: what "the same answer
+    when run twice on an idle GPU" means. Returns the rows and a one-line summary."""
+    def by_bucket(path):
+        return {(e.op, e.type, e.arch, e.keys): e for e in load(path)[1]}
+
+    raw = {}
+    for path in (a, b):  # the times are in the raw entries (Entry keeps what the build needs)
+        raw[path] = {(r["op"], r["type"], int(r["arch"]), tuple(tuple(k) for k in r["keys"])): r
+                     for r in json.loads(pathlib.Path(path).read_text())["entries"]}
+    ea, eb = by_bucket(a), by_bucket(b)
+    rows = []
+    for key in sorted(set(ea) & set(eb), key=str):
+        ms_a, ms_b = float(raw[a][key]["ms"]), float(raw[b][key]["ms"])
+        same = ea[key].config == eb[key].config
+        close = abs(ms_a - ms_b) <= noise * max(ms_a, ms_b)
+        rows.append(dict(op=key[0], type=key[1], keys=[list(k) for k in key[3]], same_config=same, ms_a=ms_a,
+                         ms_b=ms_b, agree=same or close))
+    only = len(set(ea) ^ set(eb))
+    summary = (f"{sum(r['agree'] for r in rows)}/{len(rows)} buckets agree ({sum(r['same_config'] for r in rows)} "
+               f"with the same config, the rest within {noise:.0%})" + (f"; {only} in one table only" if only else ""))
+    return rows, summary

@@ -8,7 +8,8 @@
 # Environment: MODEL (bert-base | llama-1b), BUDGET_MIN (tuning budget, default 4), SHAPES / PREFILL / DECODE
 # (the benchmark shapes, defaults those of gpu_bench_bert.sh and gpu_bench_decoder.sh), RUNTIMES (the bench's;
 # default ort_triton and ort_triton_tuned with and without CUDA graphs for BERT, without for the decoder,
-# whose graph runs need one static-shape export per shape).
+# whose graph runs need one static-shape export per shape), TWICE=1 (tune a second time and say whether the
+# two tables agree bucket by bucket within the tuner's noise margin: issue 8's "same answer twice").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/ort_triton_out}
@@ -20,6 +21,15 @@ export ORT_TRITON_CACHE=/tmp/ort_triton_cache ORT_INCLUDE_DIR=${ORT_INCLUDE_DIR:
 python3 -m ort_triton build --arch 90 -o build/lib -q || exit 1
 export ORT_TRITON_LIBRARY=$PWD/build/lib/libort_triton.so
 filter() { grep --line-buffered -v -E "Warning|warn\(|torchvision|^\s+(return|rename_mapping)"; }
+# TWICE=1: the same tune again into a second table, then the agreement of the two
+again() {
+  [ "${TWICE:-0}" = 1 ] || return 0
+  python3 -m ort_triton tune "$@" -o "$OUT/$MODEL.tuning.2.json" 2>&1 | filter | tail -2
+  python3 -c "import sys; from ort_triton import tuning, tune
+rows, summary = tuning.agreement(sys.argv[1], sys.argv[2], tune.NOISE)
+[print(r) for r in rows if not r['agree']]; print('tuned twice:', summary)" "$OUT/$MODEL.tuning.json" "$OUT/$MODEL.tuning.2.json" \
+    | tee "$OUT/tune_twice_$MODEL.txt"
+}
 
 case "$MODEL" in
   bert-base)
@@ -39,6 +49,7 @@ EOF
     fi
     python3 -m ort_triton tune "$fused" --shapes "$SHAPES" --budget-min "$BUDGET_MIN" -o "$OUT/bert-base.tuning.json" \
       2>&1 | filter | tee "$OUT/tune_bert-base.txt"
+    again "$fused" --shapes "$SHAPES" --budget-min "$BUDGET_MIN"
     python3 -m ort_triton build --arch 90 --tuning "$OUT/bert-base.tuning.json" -o build/lib_tuned -q || exit 1
     export ORT_TRITON_TUNED_LIBRARY=$PWD/build/lib_tuned/libort_triton.so
     python3 -m ort_triton bench --hf-config bert-base --dtype float16 --shapes "$SHAPES" \
@@ -54,6 +65,7 @@ EOF
     fi
     python3 -m ort_triton tune "$fused" --shapes "$PREFILL" --decode "$DECODE" --budget-min "$BUDGET_MIN" \
       -o "$OUT/llama-1b.tuning.json" 2>&1 | filter | tee "$OUT/tune_llama-1b.txt"
+    again "$fused" --shapes "$PREFILL" --decode "$DECODE" --budget-min "$BUDGET_MIN"
     python3 -m ort_triton build --arch 90 --tuning "$OUT/llama-1b.tuning.json" -o build/lib_tuned -q || exit 1
     export ORT_TRITON_TUNED_LIBRARY=$PWD/build/lib_tuned/libort_triton.so
     python3 -m ort_triton.bench.decoder --model llama-1b --prefill "$PREFILL" --decode "$DECODE" \

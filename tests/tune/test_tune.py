@@ -272,3 +272,21 @@ def test_compare_runs_a_bfloat16_model(tmp_path):
     onnx.save(other, tmp_path / "other.onnx")
     res = run_cli("compare", model, tmp_path / "other.onnx", "--inputs", "2x8", check=False)
     assert res.returncode == 1 and "FAILED" in res.stdout
+
+
+def test_two_tables_agree_within_noise(table, tmp_path):
+    """agreement(): the same table agrees with itself; a second run that picked another config at the same
+    time agrees (within noise), one whose pick is 10% slower does not."""
+    rows, summary = tuning.agreement(table, table, tune.NOISE)
+    assert all(r["same_config"] and r["agree"] for r in rows) and summary.startswith(f"{len(rows)}/{len(rows)}")
+    data = json.loads(table.read_text())
+    fast = data["entries"][0]
+    other = next(c for c in MHA_TUNING.candidates("float", tuple(fast["problem"]["keys"]), 90)
+                 if c != fast["config"])
+    for ms, agree in ((fast["ms"] * 1.01, True), (fast["ms"] * 1.10, False)):
+        data["entries"][0] = dict(fast, config=other, ms=ms)
+        second = tmp_path / "second.json"
+        second.write_text(json.dumps(data))
+        rows, _ = tuning.agreement(table, second, tune.NOISE)
+        (row,) = [r for r in rows if r["keys"] == fast["keys"]]
+        assert not row["same_config"] and row["agree"] == agree
