@@ -83,9 +83,8 @@ def run_session(session, feeds: dict) -> list[np.ndarray]:
 
 def random_normal(rng, shape, ort_type: str) -> np.ndarray:
     """Normal noise in the input's float type ('tensor(float16)', 'tensor(bfloat16)', else float32)."""
-    x = rng.normal(size=shape)
-    return x.astype(np.float16 if "float16" in ort_type and "bfloat16" not in ort_type else
-                    _bfloat16() if "bfloat16" in ort_type else np.float32)
+    dtype = {"tensor(float16)": np.float16, "tensor(bfloat16)": _bfloat16()}.get(ort_type, np.float32)
+    return rng.normal(size=shape).astype(dtype)
 
 
 def random_inputs(session, batch: int, seq: int, vocab: int | dict, seed: int = 0) -> dict:

@@ -76,6 +76,13 @@ def _entry(raw: dict, where: str) -> Entry:
 def load(path) -> tuple[dict, list[Entry]]:
     """(the table's header fields, its entries), checked: an unknown op, type, key count or config is an
     error that names the entry."""
+    table = _read(path)
+    entries = [_entry(raw, f"{path}: entry {i}") for i, raw in enumerate(table.get("entries", []))]
+    return {k: v for k, v in table.items() if k != "entries"}, entries
+
+
+def _read(path) -> dict:
+    """The table's JSON, checked to be one."""
     path = pathlib.Path(path)
     try:
         table = json.loads(path.read_text())
@@ -86,8 +93,7 @@ def load(path) -> tuple[dict, list[Entry]]:
     if not isinstance(table, dict) or table.get("format") != FORMAT:
         raise TuningError(f"{path} is not an ort_triton tuning table (format {FORMAT!r}); make one with "
                           "ort-triton tune")
-    entries = [_entry(raw, f"{path}: entry {i}") for i, raw in enumerate(table.get("entries", []))]
-    return {k: v for k, v in table.items() if k != "entries"}, entries
+    return table
 
 
 def save(path, header: dict, entries: list[dict]) -> pathlib.Path:
@@ -115,18 +121,16 @@ def agreement(a, b, noise: float) -> tuple[list[dict], str]:
     """Two tables of the same model and GPU (paths), bucket by bucket: the same config, or two configs whose
     times (each run's own measure of its pick) are within `noise` of each other: what "the same answer
     when run twice on an idle GPU" means. Returns the rows and a one-line summary."""
-    def by_bucket(path):
-        return {(e.op, e.type, e.arch, e.keys): e for e in load(path)[1]}
+    def by_bucket(path):  # bucket -> (the checked entry, the time of its pick)
+        raws = _read(path).get("entries", [])
+        entries = (_entry(raw, f"{path}: entry {i}") for i, raw in enumerate(raws))
+        return {(e.op, e.type, e.arch, e.keys): (e, float(raw["ms"])) for e, raw in zip(entries, raws)}
 
-    raw = {}
-    for path in (a, b):  # the times are in the raw entries (Entry keeps what the build needs)
-        raw[path] = {(r["op"], r["type"], int(r["arch"]), tuple(tuple(k) for k in r["keys"])): r
-                     for r in json.loads(pathlib.Path(path).read_text())["entries"]}
     ea, eb = by_bucket(a), by_bucket(b)
     rows = []
     for key in sorted(set(ea) & set(eb), key=str):
-        ms_a, ms_b = float(raw[a][key]["ms"]), float(raw[b][key]["ms"])
-        same = ea[key].config == eb[key].config
+        (entry_a, ms_a), (entry_b, ms_b) = ea[key], eb[key]
+        same = entry_a.config == entry_b.config
         close = abs(ms_a - ms_b) <= noise * max(ms_a, ms_b)
         rows.append(dict(op=key[0], type=key[1], keys=[list(k) for k in key[3]], same_config=same, ms_a=ms_a,
                          ms_b=ms_b, agree=same or close))

@@ -148,7 +148,7 @@ def causal_attention_fwd(
         ws_acc = (offs_m[:, None] * BLOCK_D + offs_d[None, :]).to(tl.int64)
         ws_ml = WS + n_prog * n_split * (BLOCK_M * BLOCK_D) + offs_m * 2
         part = pid * n_split + chunk
-        store = (phase == 1) & (offs_m < BLOCK_M)
+        store = (phase == 1) & (offs_m < BLOCK_M)  # every row: the phase test as a [BLOCK_M] mask
         tl.store(WS + part * (BLOCK_M * BLOCK_D) + ws_acc, acc, mask=store[:, None])
         tl.store(ws_ml + part * (BLOCK_M * 2), m_i, mask=store)
         tl.store(ws_ml + part * (BLOCK_M * 2) + 1, l_i, mask=store)

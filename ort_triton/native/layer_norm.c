@@ -72,9 +72,7 @@ int ot_layer_norm_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_o
   const int has_beta = in[beta_index(op)].present;
   if (has_beta && ot_check_vector(op, in, beta_index(op), h, err, err_len)) return 1;
 
-  /* rows past int32 (-1): 0 is in every spec's row range, and the row planner then says what is wrong */
-  const int64_t rows_key = n_rows < 0 ? 0 : n_rows;
-  const int64_t keys[N_KEYS] = {has_beta, skip && n_outputs == 2, h % 16 == 0, h, rows_key};
+  const int64_t keys[N_KEYS] = {has_beta, skip && n_outputs == 2, h % 16 == 0, h, n_rows};
   const ot_spec *spec = ot_find_spec(op, keys, N_KEYS, plan->arch);
   if (!spec) {
     no_spec_error(op, keys, err, err_len);

@@ -201,6 +201,7 @@ static OrtStatus *ORT_API_CALL kernel_compute(void *state, OrtKernelContext *con
   if (plan_node(op, in, k->n_outputs, k->attrs, arch, &plan, err, sizeof err))
     return op_status(api, ORT_INVALID_ARGUMENT, op, err);
 
+  OrtValue *first_output = NULL; /* its memory info names the device a workspace goes on */
   for (int o = 0; o < k->n_outputs; o++) {
     OrtValue *value = NULL;
     TRY(api->KernelContext_GetOutput(context, (size_t)o, plan.outputs[o].dims, plan.outputs[o].rank, &value),
@@ -211,6 +212,7 @@ static OrtStatus *ORT_API_CALL kernel_compute(void *state, OrtKernelContext *con
       return op_status(api, ORT_INVALID_ARGUMENT, op, err);
     }
     TRY(api->GetTensorMutableData(value, &ptrs[op->n_inputs + o]), "reading an output's data");
+    if (o == 0) first_output = value;
   }
   /* Empty tensors: the outputs exist (allocated above) and there is nothing to compute. */
   if (plan.grid[0] == 0 || plan.grid[1] == 0 || plan.grid[2] == 0) return NULL;
@@ -230,10 +232,7 @@ static OrtStatus *ORT_API_CALL kernel_compute(void *state, OrtKernelContext *con
    * after them. */
   const OrtMemoryInfo *device_memory = NULL;
   if (plan.scratch_bytes) {
-    OrtValue *y = NULL;
-    TRY(api->KernelContext_GetOutput(context, 0, plan.outputs[0].dims, plan.outputs[0].rank, &y),
-        "reading the output for its device");
-    TRY(api->GetTensorMemoryInfo(y, &device_memory), "reading the output's device");
+    TRY(api->GetTensorMemoryInfo(first_output, &device_memory), "reading the output's device");
     TRY(api->KernelContext_GetScratchBuffer(context, device_memory, plan.scratch_bytes, &plan.scratch),
         "allocating the workspace");
     if (!plan.scratch) {
