@@ -64,7 +64,7 @@ def profile_runtime(rt, model, shape, inputs, iters: int) -> dict:
         groups[group_of(name)] += us
     return dict(total_us=sum(per_kernel.values()), kernels_per_inference=launches / iters,
                 groups=dict(groups.most_common()),
-                top=[dict(kernel=k[:160], us=us) for k, us in per_kernel.most_common(12)], info=rt.info)
+                top=[dict(kernel=k[:160], us=us) for k, us in per_kernel.most_common()], info=rt.info)
 
 
 def main(argv=None) -> None:
