@@ -33,6 +33,7 @@ import numpy as np
 
 from .. import decoders
 from .harness import Clock, _release, _short, environment
+from .profile import summary_lines, trace
 from .runtimes import TUNED_LIBRARY_ENV, library_reason, tuned_library_reason
 
 CEILING_GBS = 4080.0
@@ -435,9 +436,10 @@ def _accuracy(logits: np.ndarray, ref: np.ndarray) -> dict:
 
 
 def bench(model: str, prefill, decode, runtimes, *, dtype="float16", device="cuda", warmup=5, iters=30,
-          log=print, save=None, work=None) -> list[dict]:
+          log=print, save=None, work=None, profile=False) -> list[dict]:
     """save(rows) is called after every runtime: a run cut short keeps what it measured. work: a directory
-    whose exports and fused models are kept and reused by the next run (default: a temporary one)."""
+    whose exports and fused models are kept and reused by the next run (default: a temporary one).
+    profile: also trace each timed shape's kernels (CUPTI, after the timing) into the row's `gpu_profile`."""
     gpu, versions = environment(device)
     rows = []
     with tempfile.TemporaryDirectory(prefix="ort_triton_decoder_") as tmp:
@@ -489,11 +491,15 @@ def bench(model: str, prefill, decode, runtimes, *, dtype="float16", device="cud
                     p50, p90, p99 = (float(v) for v in np.percentile(times, [50, 90, 99]))
                     row.update(status="ok", p50_ms=p50, p90_ms=p90, p99_ms=p99, **_counts(m, phase, b, n, p50),
                                **_accuracy(logits, reference[(phase, b, n)]))
+                    if profile:
+                        row["gpu_profile"] = trace(run, 5)
                 except Exception as e:  # noqa: BLE001
                     row.update(status="error", error=_short(e))
                 del run
                 rows.append(row)
                 log(_line(row))
+                if "gpu_profile" in row:
+                    log("\n".join("      " + line for line in summary_lines(row["gpu_profile"])))
             rt.stop()
             _release(device)
             if save:
@@ -524,6 +530,8 @@ def main(argv=None) -> None:
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--work", help="keep the exports and fused models here and reuse them next time (a 1B model "
                    "takes minutes to export and fuse)")
+    p.add_argument("--profile", action="store_true", help="also trace each shape's GPU kernels (CUPTI) into "
+                   "the rows: where a step's time goes")
     p.add_argument("--json", required=True)
     args = p.parse_args(argv)
     unknown = set(args.runtimes.split(",")) - set(ALL)
@@ -538,7 +546,8 @@ def main(argv=None) -> None:
         tmp.replace(out)
 
     bench(args.model, parse(args.prefill), parse(args.decode), args.runtimes.split(","), dtype=args.dtype,
-          device=args.device, warmup=args.warmup, iters=args.iters, save=save, work=args.work)
+          device=args.device, warmup=args.warmup, iters=args.iters, save=save, work=args.work,
+          profile=args.profile)
 
 
 if __name__ == "__main__":

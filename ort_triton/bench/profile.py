@@ -21,8 +21,9 @@ import onnx
 
 # substring of a kernel name -> group; the first that matches wins
 GROUPS = (
-    ("attention_fwd", "ort_triton attention"), ("layer_norm_fwd", "ort_triton layer norm"),
-    ("bias_gelu", "ort_triton bias+gelu"),
+    ("causal_attention_fwd", "ort_triton causal attention"), ("attention_fwd", "ort_triton attention"),
+    ("layer_norm_fwd", "ort_triton layer norm"), ("rms_norm_fwd", "ort_triton rms norm"),
+    ("bias_gelu", "ort_triton bias+gelu"), ("rotary_fwd", "ort_triton rotary"), ("silu_mul", "ort_triton silu*mul"),
     ("gemm", "gemm"), ("cutlass", "gemm"), ("xmma", "gemm"), ("cublas", "gemm"), ("nvjet", "gemm"),
     ("fmha", "ort attention"), ("flash", "ort attention"), ("Attention", "ort attention"),
     ("attention", "ort attention"),
@@ -35,36 +36,47 @@ def group_of(kernel: str) -> str:
     return next((g for key, g in GROUPS if key in kernel), "other")
 
 
-def profile_runtime(rt, model, shape, inputs, iters: int) -> dict:
+def trace(run, iters: int) -> dict:
+    """GPU time per call of `run` (warm: called before), by kernel and by group, from a CUPTI trace of
+    `iters` calls."""
+    import torch
     from torch.profiler import ProfilerActivity, profile
 
-    runner = rt.prepare(model, shape, inputs)
-    try:
-        for _ in range(5):
-            runner.run()
-        import torch
-
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            run()
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(iters):
-                runner.run()
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-    finally:
-        runner.close()
     per_kernel = collections.Counter()
     launches = 0
     for ev in prof.events():
         if ev.device_type.name == "CUDA":  # a kernel or a copy on the GPU; its time range is in us
-            per_kernel[ev.name] += ev.time_range.elapsed_us() / iters  # us per inference
+            per_kernel[ev.name] += ev.time_range.elapsed_us() / iters  # us per call
             launches += 1
     groups = collections.Counter()
     for name, us in per_kernel.items():
         groups[group_of(name)] += us
     return dict(total_us=sum(per_kernel.values()), kernels_per_inference=launches / iters,
                 groups=dict(groups.most_common()),
-                top=[dict(kernel=k[:160], us=us) for k, us in per_kernel.most_common()], info=rt.info)
+                top=[dict(kernel=k[:160], us=us) for k, us in per_kernel.most_common()])
+
+
+def profile_runtime(rt, model, shape, inputs, iters: int) -> dict:
+    runner = rt.prepare(model, shape, inputs)
+    try:
+        for _ in range(5):
+            runner.run()
+        return dict(trace(runner.run, iters), info=rt.info)
+    finally:
+        runner.close()
+
+
+def summary_lines(row: dict) -> list[str]:
+    parts = ", ".join(f"{g} {us / 1e3:.2f}" for g, us in row["groups"].items())
+    return [f"GPU {row['total_us'] / 1e3:7.2f} ms/inference in {row['kernels_per_inference']:.0f} kernels: {parts}"] + [
+        f"          {t['us'] / 1e3:7.3f} ms  {t['kernel'][:110]}" for t in row["top"][:6]]
 
 
 def main(argv=None) -> None:
@@ -92,12 +104,8 @@ def main(argv=None) -> None:
                 row = dict(shape=f"{shape[0]}x{shape[1]}", runtime=rt.name,
                            **profile_runtime(rt, model, shape, inputs, args.iters))
                 out.append(row)
-                parts = ", ".join(f"{g} {us / 1e3:.2f}" for g, us in row["groups"].items())
-                print(f"{row['shape']:7} {rt.name:22} GPU {row['total_us'] / 1e3:7.2f} ms/inference in "
-                      f"{row['kernels_per_inference']:.0f} kernels: {parts}",
-                      flush=True)
-                for t in row["top"][:6]:
-                    print(f"          {t['us'] / 1e3:7.3f} ms  {t['kernel'][:110]}")
+                first, *rest = summary_lines(row)
+                print(f"{row['shape']:7} {rt.name:22} {first}", *rest, sep="\n", flush=True)
     pathlib.Path(args.json).write_text(json.dumps(out, indent=1))
 
 
