@@ -52,6 +52,27 @@ def run_cli(*args, check=True, env=None, timeout=900):
     return res
 
 
+def layer_norm_node_model(h="h"):
+    """One hand-made ai.ort_triton LayerNorm node (fp32, x [n, h], gamma and beta graph inputs) with its
+    function body: for runtime-error tests that need sizes or libraries the rewriter's path would not give.
+    h: an int, or a name for a symbolic hidden size."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from ort_triton.ops import LAYER_NORM
+
+    node = helper.make_node("LayerNorm", ["x", "g", "b"], ["y"], domain="ai.ort_triton", epsilon=1e-5)
+    g = helper.make_graph([node], "ln",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", h]),
+                           helper.make_tensor_value_info("g", TensorProto.FLOAT, [h]),
+                           helper.make_tensor_value_info("b", TensorProto.FLOAT, [h])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", h])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.ort_triton", 1)],
+                          functions=[LAYER_NORM.function_proto(17)], ir_version=9)
+    onnx.checker.check_model(m)
+    return m
+
+
 @pytest.fixture(scope="session")
 def native_library(tmp_path_factory) -> pathlib.Path:
     """libort_triton.so for sm_90, built once per test session (kernels cached in ORT_TRITON_CACHE);

@@ -12,6 +12,18 @@ _RSQRT2 = tl.constexpr(0.7071067811865476)
 
 
 @triton.jit
+def gelu(s, TANH: tl.constexpr):
+    """gelu(s) of fp32 s, the erf form or the tanh one (also the epilogue of kernels/linear.py)."""
+    if TANH:
+        z = _SQRT_2_OVER_PI * (s + 0.044715 * s * s * s)
+        # tanh(z) = 1 - 2 / (exp(2z) + 1): exact at both ends (exp overflows to inf -> 1, underflows -> -1)
+        t = 1.0 - 2.0 / (tl.exp(2.0 * z) + 1.0)
+    else:
+        t = tl.math.erf(s * _RSQRT2)
+    return 0.5 * s * (1.0 + t)
+
+
+@triton.jit
 def bias_gelu_fwd(X, B, Y, n_rows, H, TANH: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -20,13 +32,7 @@ def bias_gelu_fwd(X, B, Y, n_rows, H, TANH: tl.constexpr, BLOCK_H: tl.constexpr,
     offs = rows.to(tl.int64)[:, None] * H + cols[None, :]
     s = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
     s += tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    if TANH:
-        z = _SQRT_2_OVER_PI * (s + 0.044715 * s * s * s)
-        # tanh(z) = 1 - 2 / (exp(2z) + 1): exact at both ends (exp overflows to inf -> 1, underflows -> -1)
-        t = 1.0 - 2.0 / (tl.exp(2.0 * z) + 1.0)
-    else:
-        t = tl.math.erf(s * _RSQRT2)
-    tl.store(Y + offs, (0.5 * s * (1.0 + t)).to(Y.dtype.element_ty), mask=mask)
+    tl.store(Y + offs, gelu(s, TANH).to(Y.dtype.element_ty), mask=mask)
 
 
 def bias_gelu(x, bias, tanh=False, *, out=None):

@@ -17,9 +17,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .bias_gelu import gelu
+
 ACTIVATIONS = {"none": 0, "gelu": 1, "gelu_tanh": 2}
-_SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
-_RSQRT2 = tl.constexpr(0.7071067811865476)
 
 
 @triton.jit
@@ -56,11 +56,9 @@ def linear_fwd(X, W, B, Y, M, N, K, ACT: tl.constexpr, HAS_BIAS: tl.constexpr, E
 
     if HAS_BIAS:
         acc += tl.load(B + cols).to(tl.float32)[None, :]
-    if ACT == 1:
-        acc = 0.5 * acc * (1.0 + tl.math.erf(acc * _RSQRT2))
-    elif ACT == 2:
-        z = _SQRT_2_OVER_PI * (acc + 0.044715 * acc * acc * acc)
-        acc = 0.5 * acc * (2.0 - 2.0 / (tl.exp(2.0 * z) + 1.0))  # 1 + tanh(z), exact at both ends
+    if ACT != 0:
+        TANH: tl.constexpr = ACT == 2
+        acc = gelu(acc, TANH)
     y_ptrs = Y + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
     tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=(offs_m < M)[:, None] & (offs_n < N)[None, :])
 

@@ -7,7 +7,6 @@ before the reference sees them. `ort_triton_launches` proves the Triton kernel r
 
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 import torch
@@ -16,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 import graph_rewrites
 from ort_triton.ops.layer_norm import reference_add_layer_norm, reference_layer_norm
 from ort_triton.runtime import launch_count, make_session
+from tests.conftest import layer_norm_node_model
 
 pytestmark = pytest.mark.gpu
 
@@ -91,18 +91,7 @@ def test_bad_hidden_size_is_an_ort_error_and_the_next_run_works(gpu_library):
     """A node no kernel covers (hand-made: the rewriter would refuse it) fails with a message that names the
     op; the session and process carry on."""
     h = 20000
-    node = helper.make_node("LayerNorm", ["x", "g", "b"], ["y"], domain="ai.ort_triton", epsilon=1e-5)
-    from ort_triton.ops import LAYER_NORM
-
-    g = helper.make_graph([node], "bad", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", "h"])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", "h"])],
-                          initializer=[])
-    g.input.extend([helper.make_tensor_value_info("g", TensorProto.FLOAT, ["h"]),
-                    helper.make_tensor_value_info("b", TensorProto.FLOAT, ["h"])])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.ort_triton", 1)],
-                          functions=[LAYER_NORM.function_proto(17)], ir_version=9)
-    onnx.checker.check_model(m)
-    sess = make_session(m, providers=["CUDAExecutionProvider"], library=gpu_library)
+    sess = make_session(layer_norm_node_model("h"), providers=["CUDAExecutionProvider"], library=gpu_library)
     expected = r"ort_triton LayerNorm \(float\): hidden size H=20000 is not supported"
     with pytest.raises(ort.capi.onnxruntime_pybind11_state.InvalidArgument, match=expected):
         sess.run(None, {"x": np.ones((2, h), np.float32), "g": np.ones(h, np.float32), "b": np.ones(h, np.float32)})
