@@ -119,6 +119,22 @@ def _escaping(nodes, root: ir.Node) -> ir.Value | None:
     return None
 
 
+def _before_projection(k: ir.Value) -> ir.Value:
+    """The input of K's projection (x of x @ W + b), which has K's batch and length: the zero key bias of a
+    model without a mask takes its [B, Skv] from there, not from K, so that K keeps one reader and
+    attention_bias and pack_qkv can still take its projection (ViT's exports)."""
+    node = k.producer()
+    if node is not None and node.op_type == "Add" and len(node.inputs) == 2:
+        vector = [i for i in node.inputs if i.const_value is not None and i.shape is not None and i.shape.rank() == 1]
+        if len(vector) == 1:
+            node = (node.inputs[1] if vector[0] is node.inputs[0] else node.inputs[0]).producer()
+    if node is not None and node.op_type == "MatMul" and node.inputs[1].const_value is not None:
+        x = node.inputs[0]
+        if len(node.inputs[1].shape or ()) == 2 and x.shape is not None and x.shape.rank() == 3:
+            return x
+    return k
+
+
 class _AttentionRule(pattern.RewriteRuleClassBase):
     """Shared checks and the rewrite. `check` of a subclass fills self._plan; `rewrite` emits it."""
 
@@ -173,7 +189,7 @@ class _AttentionRule(pattern.RewriteRuleClassBase):
         q, k, v, n, hidden, scale, source, fill = self._plan
         dtype = q.dtype.numpy()
         if source is None:  # no mask: a zero bias [B, Skv] (every contract input is required)
-            shape = op.Slice(op.Shape(k), op.Constant(value_ints=[0]), op.Constant(value_ints=[2]))
+            shape = op.Shape(_before_projection(k), start=0, end=2)
             key_bias = op.ConstantOfShape(shape, value=ir.tensor(np.zeros(1, dtype)))
         else:
             keep = op.Cast(source, to=ir.DataType.BOOL)

@@ -10,10 +10,15 @@ def zero_vector(op, like: ir.Value, length: int, tag: str) -> ir.Value:
     """A [length] zero initializer of like's element type, for an input the contract requires and the
     model lacks (a bias, a beta). Named after `like` and `tag`, with a counter when that name is taken (two
     norms of one value; a model optimized before): unique in the graph, the same on every run."""
-    base = f"{like.name}__ot_{tag}"
-    taken = like.graph.initializers if like.graph is not None else {}
-    name = next(n for n in (base if i == 0 else f"{base}_{i}" for i in range(len(taken) + 1)) if n not in taken)
+    name = fresh_name(like.graph, f"{like.name}__ot_{tag}")
     return op.initializer(ir.tensor(np.zeros(length, dtype=like.dtype.numpy()), name=name))
+
+
+def fresh_name(graph: ir.Graph | None, base: str) -> str:
+    """base, or base_1, base_2...: a name no initializer of graph has yet (a model optimized twice keeps
+    the first run's), the same on every run."""
+    taken = graph.initializers if graph is not None else {}
+    return next(n for n in (base if i == 0 else f"{base}_{i}" for i in range(len(taken) + 1)) if n not in taken)
 
 
 def check_zero_bias_to_fold(result, zero: ir.Value, bias: ir.Value, x: ir.Value):

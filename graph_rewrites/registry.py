@@ -23,6 +23,7 @@ from . import attention as att
 from . import causal_attention as causal
 from . import gelu, gemm
 from . import layer_norm as ln
+from . import pack_qkv as pack
 from . import rms_norm as rms
 from . import rotary as rope
 from . import swiglu as swi
@@ -72,6 +73,9 @@ RULES: tuple[RuleInfo, ...] = (
              "MultiHeadAttention", 4, lambda: [att.OnnxAttention3dRule.rule("attention_onnx_3d")]),
     RuleInfo("attention_bias", "MultiHeadAttention(q, mk + ck, mv + cv) -> MultiHeadAttention(q, mk, mv, "
              "biases ck, cv)", 5, lambda: [att.AttentionBiasRule.rule("attention_bias")], commute=True),
+    RuleInfo("pack_qkv", "MultiHeadAttention(x Wq + bq, x Wk, x Wv) -> PackedMultiHeadAttention(x [Wq|Wk|Wv], "
+             "[bq|bk|bv])", 6, lambda: [pack.PackQkvRule.rule("pack_qkv", q_bias=b) for b in (True, False)],
+             commute=True),
     RuleInfo("rms_norm", "RMSNormalization(x, g) (opset 23, last axis) -> RMSNorm", 1,
              lambda: [rms.RMSNormalizationRule.rule("rms_norm")]),
     RuleInfo("rms_norm_decomposed", "[Cast] x * 1/sqrt(mean(x^2) + eps) [Cast] * g -> RMSNorm", 1,

@@ -285,11 +285,13 @@ def cmd_tune(args) -> int:
                         "KV cache)")
     if args.budget_min <= 0:
         raise UserError("--budget-min must be positive")
+    if args.compile_workers is not None and args.compile_workers < 0:
+        raise UserError("--compile-workers must be 0 or more")
     _check_model(pathlib.Path(args.model))
     try:
         ops = tuple(o.strip() for o in args.ops.split(",") if o.strip()) if args.ops else None
         out = tune.tune(args.model, shapes, decode=decode, out=args.output, budget_min=args.budget_min, ops=ops,
-                        log=con.print)
+                        workers=args.compile_workers, log=con.print)
     except ValueError as e:
         raise UserError(str(e)) from None
     con.print(f"next: ort-triton build --arch {tune.tuning.load(out)[0]['arch']} --tuning {out}")
@@ -400,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--budget-min", type=float, default=10.0, help="time budget in minutes (default 10): problems "
                    "not reached keep the built-in configs")
     t.add_argument("--ops", help="comma-separated op names to tune (default: every tunable op in the model)")
+    t.add_argument("--compile-workers", type=int, metavar="N", help="processes that compile the candidate "
+                   "configs ahead of the timing (default: one per CPU core; 0 or 1: each compiles when first timed)")
     t.add_argument("-o", "--output", help="the table (default: MODEL.tuning.json beside the model)")
     t.set_defaults(func=cmd_tune)
 

@@ -11,6 +11,12 @@ configs (within noise), and a tuned library is never slower than the built-in on
 measure. A config that fails to compile or to launch (out of shared memory or registers) is skipped and
 listed with the reason. The budget is checked before each timing: problems it does not reach keep the
 built-in configs and are listed as not tuned.
+
+Compiling: on the GPU every candidate is compiled ahead, by a pool of spawned workers that warm Triton's disk
+cache (ort_triton/tune_compile.py), so the budget goes to timing rather than to serial JIT compiles. That
+phase counts against the budget and stops submitting once COMPILE_SHARE of it is spent; what it did not
+reach compiles in the timing loop, as before. A config that failed in a worker is skipped there with the
+worker's reason.
 """
 
 from __future__ import annotations
@@ -26,10 +32,16 @@ import time
 import numpy as np
 
 from . import ops as ops_mod
-from . import tuning
+from . import tune_compile, tuning
 from .contract import ELEMENT_TYPES
 
 NOISE = 0.03  # a candidate must beat the built-in config by 3% (run-to-run noise of do_bench on an idle GPU)
+# The compile phase stops submitting once this share of the budget left is spent, so what it compiled can still
+# be timed: the budget-bound case is a 1B model whose few hundred candidates take longer to compile than the
+# budget even over 16 cores. A guess, not a measurement (a timing is ~0.5 s of CUDA-graph replays, a compile
+# a few seconds of one core); more rather than less, since a config compiled and never timed costs a worker
+# part of a second, and one left out costs the timing loop a serial compile of seconds.
+COMPILE_SHARE = 0.5
 
 
 @dataclasses.dataclass
@@ -183,15 +195,52 @@ def _short(e: BaseException) -> str:
     return text[0][:200] if text else type(e).__name__
 
 
-def tune_problem(p: Problem, arch: int, device: str, deadline: float, timer, max_candidates=None) -> dict:
-    """Time the built-in config and the candidates (until the deadline); the entry for the table."""
+def candidates_of(p: Problem, arch: int, max_candidates=None) -> list[dict]:
+    """The configs timed for a problem, the built-in one first: the compile phase and the timing loop both
+    take them from here, so they agree on what candidate i is."""
+    return ops_mod.BY_NAME[p.op].tuning.candidates(p.type, p.keys, arch)[:max_candidates]
+
+
+def compile_phase(problems: list[Problem], arch: int, device: str, deadline: float, workers: int,
+                  max_candidates=None, *, compiler=None, log=print) -> tuple[list[dict], float]:
+    """Compile every problem's candidates ahead (on the GPU, with more than one worker; the CPU path runs
+    Triton's interpreter, which compiles nothing). Returns per problem {candidate index: why it failed to
+    compile or launch} and the seconds spent. compiler(jobs, workers, deadline) -> tune_compile.Ahead:
+    tune_compile.compile_ahead unless given (tests pass a fake one); its deadline is COMPILE_SHARE of the
+    budget left."""
+    failed = [{} for _ in problems]
+    if device != "cuda" or workers <= 1:
+        return failed, 0.0
+    now = time.monotonic()
+    compile_deadline = now + COMPILE_SHARE * (deadline - now)
+    jobs = [tune_compile.Job(pi, ci, p.op, p.type, p.shapes, p.attrs, p.keys, cfg, device)
+            for pi, p in enumerate(problems) for ci, cfg in enumerate(candidates_of(p, arch, max_candidates))]
+    ahead = (compiler or tune_compile.compile_ahead)(jobs, workers, compile_deadline)
+    for (pi, ci), reason in ahead.failed.items():
+        failed[pi][ci] = reason
+    left = len(jobs) - ahead.submitted
+    log(f"compiled {ahead.compiled} of {len(jobs)} config(s) ahead in {ahead.seconds:.1f} s with "
+        f"{ahead.workers} worker(s), {len(ahead.failed)} failed"
+        + (f"; {left} left to compile in the timing loop ({ahead.broken or 'budget'})" if left else ""))
+    return failed, ahead.seconds
+
+
+def tune_problem(p: Problem, arch: int, device: str, deadline: float, timer, max_candidates=None,
+                 failed=None) -> dict:
+    """Time the built-in config and the candidates (until the deadline); the entry for the table. failed:
+    {candidate index: reason} from the compile phase, skipped without a retry (but for the built-in config,
+    which is retried: its failure is an error, raised with the parent's own traceback)."""
+    candidates = candidates_of(p, arch, max_candidates)
     contract = ops_mod.BY_NAME[p.op]
-    candidates = contract.tuning.candidates(p.type, p.keys, arch)[:max_candidates]
+    failed = failed or {}
     builtin = candidates[0]
     timed, skipped = [], []
     for i, cfg in enumerate(candidates):
         if i and time.monotonic() > deadline:
             skipped.append(dict(config=cfg, reason="budget"))
+            continue
+        if i and i in failed:
+            skipped.append(dict(config=cfg, reason=failed[i]))
             continue
         try:
             run = contract.tuning.runner(p.type, p.shapes, p.attrs, p.keys, cfg, device)
@@ -212,9 +261,10 @@ def tune_problem(p: Problem, arch: int, device: str, deadline: float, timer, max
 
 def tune(model_path, shapes, *, decode=(), out=None, budget_min: float = 10.0, device: str = "cuda",
          arch: int | None = None, library=None, timer=None, max_candidates=None, ops=None,
-         log=print) -> pathlib.Path:
+         workers: int | None = None, compiler=None, log=print) -> pathlib.Path:
     """Tune every tunable fused node of the model at the given shapes; writes the table (default: next to
-    the model, MODEL.tuning.json) and returns its path."""
+    the model, MODEL.tuning.json) and returns its path. workers: processes that compile the candidates ahead
+    (default: one per CPU core; 0 or 1 compiles each in the timing loop); compiler: see compile_phase."""
     import triton
 
     t0 = time.monotonic()
@@ -234,12 +284,15 @@ def tune(model_path, shapes, *, decode=(), out=None, budget_min: float = 10.0, d
     log(f"tune {model_path.name} on {gpu or 'cpu (interpreter)'} (sm_{arch}), budget {budget_min:g} min")
     problems = find_problems(model_path, shapes, decode=decode, device=device, library=library, ops=ops, log=log)
     deadline = t0 + budget_min * 60
+    workers = (os.cpu_count() or 1) if workers is None else workers
+    failed, compile_s = compile_phase(problems, arch, device, deadline, workers, max_candidates,
+                                      compiler=compiler, log=log)
     entries = []
     for i, p in enumerate(problems, 1):
         if time.monotonic() > deadline:
             log(f"[{i}/{len(problems)}] {p.op} {p.type} keys {p.keys}: not tuned (budget spent): built-in kept")
             continue
-        e = tune_problem(p, arch, device, deadline, timer, max_candidates)
+        e = tune_problem(p, arch, device, deadline, timer, max_candidates, failed[i - 1])
         entries.append(e)
         verdict = ("built-in kept" if e["builtin"] else
                    f"{e['builtin_ms'] / e['ms']:.2f}x with {json.dumps(e['config'])}")
@@ -248,7 +301,7 @@ def tune(model_path, shapes, *, decode=(), out=None, budget_min: float = 10.0, d
     out = pathlib.Path(out) if out else model_path.with_name(model_path.stem + ".tuning.json")
     header = dict(gpu=gpu, arch=arch, triton=triton.__version__, model=str(model_path),
                   shapes=[f"{b}x{s}" for b, s in shapes], decode=[f"{b}x{p}" for b, p in decode],
-                  budget_min=budget_min, elapsed_s=round(time.monotonic() - t0, 1),
+                  budget_min=budget_min, elapsed_s=round(time.monotonic() - t0, 1), compile_s=round(compile_s, 1),
                   problems=len(problems), not_tuned=len(problems) - len(entries), command=" ".join(sys.argv))
     tuning.save(out, header, entries)
     tuned = sum(not e["builtin"] for e in entries)

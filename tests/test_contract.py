@@ -12,6 +12,7 @@ from ort_triton.ops import BY_NAME
 from ort_triton.ops.attention import MULTI_HEAD_ATTENTION
 from ort_triton.ops.bias_gelu import BIAS_GELU, BIAS_GELU_TANH
 from ort_triton.ops.layer_norm import ADD_LAYER_NORM, LAYER_NORM
+from ort_triton.ops.packed_attention import PACKED_MULTI_HEAD_ATTENTION
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(1.0, 2.0, (2, 5, 24)).astype(np.float32)
@@ -26,6 +27,9 @@ CASES = {  # op -> (inputs, attributes)
                             np.where(RNG.random((2, 7)) < 0.3, np.finfo(np.float32).min, 0.0),
                             RNG.normal(size=24), RNG.normal(size=24)],
                            {"num_heads": 3, "scale": 0.35}),
+    PACKED_MULTI_HEAD_ATTENTION: ([RNG.normal(size=(2, 5, 72)), np.where(RNG.random((2, 5)) < 0.3, -np.inf, 0.0),
+                                   RNG.normal(size=72)],
+                                  {"num_heads": 3, "scale": 0.35}),
 }
 
 

@@ -244,6 +244,7 @@ class OrtTriton(OrtStock):
 
     name = "ort_triton"
     library = None  # the default library (get_library_path)
+    disable: tuple[str, ...] = ()  # graph_rewrites rules left out (an ablation runtime's one difference)
 
     def available(self, model):
         reason = super().available(model)
@@ -254,7 +255,7 @@ class OrtTriton(OrtStock):
 
         import graph_rewrites
 
-        optimized, report = graph_rewrites.optimize(str(model.onnx), report=True)
+        optimized, report = graph_rewrites.optimize(str(model.onnx), report=True, disable=list(self.disable))
         self.info = self.fused = _nonzero({r.name: r.matched for r in report.rules.values()})
         out = model.work / f"{self.name}.onnx"
         onnx.save(optimized, str(out))
@@ -310,6 +311,19 @@ class OrtTritonTuned(OrtTriton):
 
 class OrtTritonTunedCudaGraph(OrtTritonTuned):
     name = "ort_triton_tuned_cuda_graph"
+    cuda_graph = True
+
+
+class OrtTritonUnpacked(OrtTriton):
+    """ort_triton without packing Q/K/V (graph_rewrites/pack_qkv.py): three projection GEMMs and
+    MultiHeadAttention, beside the packed default in the same run (opt-in: --runtimes)."""
+
+    name = "ort_triton_unpacked"
+    disable = ("pack_qkv",)
+
+
+class OrtTritonUnpackedCudaGraph(OrtTritonUnpacked):
+    name = "ort_triton_unpacked_cuda_graph"
     cuda_graph = True
 
 
@@ -508,8 +522,10 @@ class TensorRT(Runtime):
 RUNTIMES: dict[str, type[Runtime]] = {cls.name: cls for cls in (
     OrtStock, OrtStockCudaGraph, OrtOptimizer, OnnxscriptFusions, OrtTriton, OrtTritonCudaGraph,
     TorchEager, TorchCompile, TorchCompileCudaGraph, TensorRT, OrtOptimizerSameExport, OrtTritonTuned,
-    OrtTritonTunedCudaGraph)}
-# what runs when --runtimes is not given: the tuned library is opt-in (it needs a tuning table first)
-DEFAULT_RUNTIMES = tuple(n for n in RUNTIMES if not n.startswith("ort_triton_tuned"))
+    OrtTritonTunedCudaGraph, OrtTritonUnpacked, OrtTritonUnpackedCudaGraph)}
+# what runs when --runtimes is not given: the tuned library (it needs a tuning table first) and the
+# ablations are opt-in
+DEFAULT_RUNTIMES = tuple(n for n in RUNTIMES if not n.startswith(("ort_triton_tuned", "ort_triton_unpacked")))
 # ort_triton's own rows; every other runtime is a peer ("best peer" in the report)
-OURS = ("ort_triton", "ort_triton_cuda_graph", "ort_triton_tuned", "ort_triton_tuned_cuda_graph")
+OURS = ("ort_triton", "ort_triton_cuda_graph", "ort_triton_tuned", "ort_triton_tuned_cuda_graph",
+        "ort_triton_unpacked", "ort_triton_unpacked_cuda_graph")

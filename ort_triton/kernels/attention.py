@@ -17,6 +17,17 @@ keep fp32 accuracy on tensor cores (plain TF32 would lose 3 digits).
 The K and V projections' biases: k_bias is never read, since it adds q . k_bias to every score of a row
 and softmax cancels that; v_bias is added to each output row that saw a key (the weights sum to 1).
 
+Packed Q/K/V (PACKED, the PackedMultiHeadAttention op): Q, K and V are the three column blocks of one
+[B, S, 3*N*D] projection, so their rows are 3*N*D apart (the caller passes K and V as pointers N*D and 2*N*D
+elements into it), and the Q bias comes with them. q + bq is staged through the program's own tile of Y:
+stored there, a barrier, loaded back. Y's tile is this program's alone and written again only at the end,
+so nothing else sees it. Why not keep q + bq in registers: Q then turns from a loaded operand of the
+tensor-core dot (which the compiler keeps in shared memory) into a computed one held in registers across
+the key loop, and at D=64 with 4 warps ptxas spills 152 bytes on sm_90. Why not the per-key form
+(q + bq) . k_j = q . k_j + bq . k_j, a product and row sum on each K tile: it spills nothing either, but
+every query block redoes it for every key, and on the H200 at BERT-base 8x2048 the kernel took 435 us
+against 315 us unpacked; staged, 322 us (bench/results/session7/packed_attention_micro_*.jsonl).
+
 Rows with no key left, and why nothing turns into NaN:
 - key_bias = finfo(T).min on every key of a row (eager attention's mask of a fully padded sequence): for
   fp32 and bf16 that is -3.4e38, which times log2(e) would overflow to -inf and change the meaning; so
@@ -80,8 +91,9 @@ def _attend(q, k_ptrs, v_ptrs, kb_ptrs, start, SKV, offs_n, d_ok, m_i, l_i, acc,
 
 @triton.jit
 def attention_fwd(
-    Q, K, V, KB, BV, Y, N, SQ, SKV, scale,
+    Q, K, V, KB, BQ, BV, Y, N, SQ, SKV, scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PACKED: tl.constexpr = False,
 ):
     # One flat grid of cdiv(SQ, BLOCK_M) * B * N programs (no 65535 limit on grid.x), the query block
     # varying fastest: the programs of one head run side by side and share its K/V in L2.
@@ -93,6 +105,9 @@ def attention_fwd(
     n = (bn % N).to(tl.int64)
     # row stride of Q, K, V, Y, in int64; N may arrive as a plain 1 (Triton's JIT specialises ints equal to 1)
     hidden = N * tl.full([], HEAD_DIM, tl.int64)
+    # the row stride of Q, K, V: 3 * hidden when they are column blocks of one packed projection, whose
+    # Q bias the kernel adds (module docstring)
+    stride = hidden * 3 if PACKED else hidden
     # fp32 dots in 3xTF32; for fp16/bf16 the precision argument is moot
     prec: tl.constexpr = "tf32x3" if Q.dtype.element_ty == tl.float32 else "tf32"
     MASK_D: tl.constexpr = BLOCK_D != HEAD_DIM
@@ -101,12 +116,20 @@ def attention_fwd(
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM  # BLOCK_D is HEAD_DIM rounded up to a power of two
-    q_offs = (b * SQ + offs_m)[:, None] * hidden + n * HEAD_DIM + offs_d[None, :]
+    q_rows = (b * SQ + offs_m)[:, None]
     q_mask = (offs_m < SQ)[:, None] & d_ok[None, :]
-    q = tl.load(Q + q_offs, mask=q_mask, other=0.0)
-    head_offs = n * HEAD_DIM + offs_d  # this head's lanes of a [N*D] vector (v_bias)
+    q = tl.load(Q + q_rows * stride + n * HEAD_DIM + offs_d[None, :], mask=q_mask, other=0.0)
+    head_offs = n * HEAD_DIM + offs_d  # this head's lanes of a [N*D] vector (q_bias, v_bias)
+    y_ptrs = Y + q_rows * hidden + n * HEAD_DIM + offs_d[None, :]
+    if PACKED:
+        # q + bq staged through this program's own tile of Y (written only at the end): reloaded, Q is a
+        # loaded operand again, which the dot takes from shared memory (module docstring)
+        bq = tl.load(BQ + head_offs, mask=d_ok, other=0.0).to(tl.float32)
+        tl.store(y_ptrs, (q.to(tl.float32) + bq[None, :]).to(Y.dtype.element_ty), mask=q_mask)
+        tl.debug_barrier()
+        q = tl.load(y_ptrs, mask=q_mask, other=0.0)
 
-    kv_offs = (b * SKV + offs_n)[:, None] * hidden + n * HEAD_DIM + offs_d[None, :]
+    kv_offs = (b * SKV + offs_n)[:, None] * stride + n * HEAD_DIM + offs_d[None, :]
     k_ptrs, v_ptrs = K + kv_offs, V + kv_offs
     kb_ptrs = KB + b * SKV + offs_n
     qk_scale = scale * _LOG2E
@@ -118,8 +141,8 @@ def attention_fwd(
     for start in range(0, full_end, BLOCK_N):  # whole key blocks
         m_i, l_i, acc = _attend(q, k_ptrs, v_ptrs, kb_ptrs, start, SKV, offs_n, d_ok, m_i, l_i, acc, qk_scale,
                                 V.dtype.element_ty, False, MASK_D, prec)
-        k_ptrs += BLOCK_N * hidden
-        v_ptrs += BLOCK_N * hidden
+        k_ptrs += BLOCK_N * stride
+        v_ptrs += BLOCK_N * stride
         kb_ptrs += BLOCK_N
     if full_end < SKV:  # the partial last block
         m_i, l_i, acc = _attend(q, k_ptrs, v_ptrs, kb_ptrs, full_end, SKV, offs_n, d_ok, m_i, l_i, acc, qk_scale,
@@ -128,10 +151,10 @@ def attention_fwd(
     # every key -inf, or SKV == 0 (l = 0): y is 0, without v_bias (the graph's row is 0 there too)
     bv = tl.load(BV + head_offs, mask=d_ok, other=0.0).to(tl.float32)
     y = tl.where((l_i > 0.0)[:, None], acc / l_i[:, None] + bv[None, :], 0.0)
-    tl.store(Y + q_offs, y.to(Y.dtype.element_ty), mask=q_mask)
+    tl.store(y_ptrs, y.to(Y.dtype.element_ty), mask=q_mask)
 
 
-# ---- a torch entry point: the same kernel through Triton's JIT (tests, interpreter, GPU timing) -------
+# ---- torch entry points: the same kernel through Triton's JIT (tests, interpreter, GPU timing) ---------
 def attention(q, k, v, key_bias, num_heads, scale, *, k_bias=None, v_bias=None, out=None,
               config: dict | None = None):
     """Y for q [B, Sq, N*D], k and v [B, Skv, N*D], key_bias [B, Skv], biases [N*D] (zeros if None; all one
@@ -140,18 +163,7 @@ def attention(q, k, v, key_bias, num_heads, scale, *, k_bias=None, v_bias=None, 
     num_stages (tests use small blocks so several key blocks run)."""
     import torch
 
-    if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise TypeError(f"attention: dtype {q.dtype} not supported (float32, float16, bfloat16)")
-    if q.dim() != 3:
-        raise ValueError(f"attention: q must be [B, Sq, N*D], got shape {list(q.shape)}")
-    b, sq, hidden = q.shape
-    if not isinstance(num_heads, int) or num_heads < 1 or hidden % num_heads:
-        raise ValueError(f"attention: num_heads={num_heads!r} must be a positive int dividing the hidden size "
-                         f"{hidden}")
-    d = hidden // num_heads
-    if d not in HEAD_DIMS:
-        raise ValueError(f"attention: head dim {d} (hidden {hidden} / {num_heads} heads) not supported "
-                         f"(head dims {', '.join(map(str, HEAD_DIMS))})")
+    b, sq, hidden, d = _check_heads("attention", "q [B, Sq, N*D]", q, num_heads)
     if k.dim() != 3 or k.shape[0] != b or k.shape[2] != hidden:
         raise ValueError(f"attention: k must be [B={b}, Skv, {hidden}], got {list(k.shape)}")
     skv = k.shape[1]
@@ -163,14 +175,59 @@ def attention(q, k, v, key_bias, num_heads, scale, *, k_bias=None, v_bias=None, 
                              f"{t.dtype} {list(t.shape)} on {t.device}")
     if out is not None and not out.is_contiguous():
         raise ValueError("attention: out must be contiguous")
-    cfg = block_config(d, {torch.float32: "float", torch.float16: "float16", torch.bfloat16: "bfloat16"}[q.dtype])
-    cfg.update(config or {})
     q, k, v, key_bias = q.contiguous(), k.contiguous(), v.contiguous(), key_bias.contiguous()
     v_bias = torch.zeros(hidden, dtype=q.dtype, device=q.device) if v_bias is None else v_bias.contiguous()
     y = out if out is not None else torch.empty_like(q)
-    grid = (triton.cdiv(sq, cfg["BLOCK_M"]) * b * num_heads,)
-    if grid[0]:
-        attention_fwd[grid](q, k, v, key_bias, v_bias, y, num_heads, sq, skv, float(scale),
-                            HEAD_DIM=d, BLOCK_D=cfg["BLOCK_D"], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-                            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    _launch(q, k, v, key_bias, v_bias, v_bias, y, num_heads, sq, skv, scale, d, config, packed=False)
     return y
+
+
+def packed_attention(qkv, key_bias, bias, num_heads, scale, *, out=None, config: dict | None = None):
+    """Y [B, S, N*D] for qkv [B, S, 3*N*D] (Q, K, V side by side), key_bias [B, S] and bias [3*N*D] (Q's,
+    K's and V's; K's is checked but not read, it cancels). `out` and `config` as for `attention`."""
+    b, s, packed, d = _check_heads("packed_attention", "qkv [B, S, 3*N*D]", qkv, num_heads, parts=3)
+    hidden = packed // 3
+    for name, t, shape in (("key_bias", key_bias, (b, s)), ("bias", bias, (packed,)), ("out", out, (b, s, hidden))):
+        if t is not None and (tuple(t.shape) != shape or t.dtype != qkv.dtype or t.device != qkv.device):
+            raise ValueError(f"packed_attention: {name} must be {qkv.dtype} of shape {list(shape)} on {qkv.device}, "
+                             f"got {t.dtype} {list(t.shape)} on {t.device}")
+    if out is not None and not out.is_contiguous():
+        raise ValueError("packed_attention: out must be contiguous")
+    qkv, key_bias, bias = qkv.contiguous(), key_bias.contiguous(), bias.contiguous()
+    y = out if out is not None else qkv.new_empty((b, s, hidden))
+    # K and V start hidden and 2 * hidden elements into each row (views: the kernel reads only data_ptr)
+    _launch(qkv, qkv[..., hidden:], qkv[..., 2 * hidden:], key_bias, bias, bias[2 * hidden:], y, num_heads, s, s,
+            scale, d, config, packed=True)
+    return y
+
+
+def _check_heads(fn: str, what: str, x, num_heads, parts: int = 1) -> tuple[int, int, int, int]:
+    """(B, S, width, D) of a [B, S, parts * heads * D] input whose head dim the kernel takes, or the error."""
+    import torch
+
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"{fn}: dtype {x.dtype} not supported (float32, float16, bfloat16)")
+    if x.dim() != 3:
+        name, shape = what.split(" ", 1)
+        raise ValueError(f"{fn}: {name} must be {shape}, got shape {list(x.shape)}")
+    b, s, width = x.shape
+    if not isinstance(num_heads, int) or num_heads < 1 or width % (parts * num_heads):
+        raise ValueError(f"{fn}: num_heads={num_heads!r} must be a positive int dividing the hidden size "
+                         f"{width // parts}" + (f" (dim 2 is {width}: Q, K, V side by side)" if parts > 1 else ""))
+    d = width // (parts * num_heads)
+    if d not in HEAD_DIMS:
+        raise ValueError(f"{fn}: head dim {d} (hidden {width // parts} / {num_heads} heads) not supported "
+                         f"(head dims {', '.join(map(str, HEAD_DIMS))})")
+    return b, s, width, d
+
+
+def _launch(q, k, v, key_bias, q_bias, v_bias, y, num_heads, sq, skv, scale, d, config, *, packed: bool):
+    import torch
+
+    cfg = block_config(d, {torch.float32: "float", torch.float16: "float16", torch.bfloat16: "bfloat16"}[q.dtype])
+    cfg.update(config or {})
+    grid = (triton.cdiv(sq, cfg["BLOCK_M"]) * q.shape[0] * num_heads,)
+    if grid[0]:
+        attention_fwd[grid](q, k, v, key_bias, q_bias, v_bias, y, num_heads, sq, skv, float(scale),
+                            HEAD_DIM=d, BLOCK_D=cfg["BLOCK_D"], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+                            PACKED=packed, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])

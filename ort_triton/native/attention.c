@@ -1,9 +1,12 @@
-/* attention.c: planner and kernel parameters for MultiHeadAttention (contract: ort_triton/ops/attention.py;
- * kernel: ort_triton/kernels/attention.py).
+/* attention.c: planners and kernel parameters for MultiHeadAttention and PackedMultiHeadAttention (contracts:
+ * ort_triton/ops/attention.py, ort_triton/ops/packed_attention.py; one kernel: ort_triton/kernels/attention.py).
  *
- * Inputs:  Q [B, Sq, N*D], K and V [B, Skv, N*D], key_bias [B, Skv], k_bias, v_bias [N*D]
- * Output:  Y, Q's shape. The kernel reads v_bias; k_bias cancels in the softmax (the contract).
- * Attributes (contract order): num_heads (N), scale.
+ * MultiHeadAttention inputs: Q [B, Sq, N*D], K and V [B, Skv, N*D], key_bias [B, Skv], k_bias, v_bias [N*D]
+ * PackedMultiHeadAttention inputs: QKV [B, S, 3*N*D], key_bias [B, S], bias [3*N*D]; the kernel gets
+ *   Q, K, V as pointers 0, N*D and 2*N*D elements into QKV (its PACKED specs stride rows by 3*N*D), the Q
+ *   bias at bias and V's 2*N*D elements on.
+ * Output:  Y [B, Sq, N*D]. The kernel reads v_bias (and the packed Q bias); k_bias cancels in the softmax.
+ * Attributes (contract order, both ops): num_heads (N), scale.
  * Dispatch keys: the head dim D (exact), whether Sq and Skv are multiples of 16, Sq and B * N (the built-in
  * specs take any; a tuning table's narrow them to buckets). Spec consts = (BLOCK_M, BLOCK_N, HEAD_DIM).
  * Grid: one flat axis of ceil(Sq / BLOCK_M) * B * N programs, the query block fastest (the kernel splits the
@@ -18,6 +21,7 @@
 #include "planner_util.h"
 
 enum { IN_Q, IN_K, IN_V, IN_KEY_BIAS, IN_K_BIAS, IN_V_BIAS, N_INPUTS };
+enum { IN_QKV, IN_PACKED_KEY_BIAS, IN_BIAS, N_PACKED_INPUTS };
 enum { ATTR_NUM_HEADS, ATTR_SCALE };
 enum { KEY_HEAD_DIM, KEY_SEQ_DIV16, KEY_SQ, KEY_BATCH_HEADS, N_KEYS }; /* dispatch keys, in contract order */
 enum { CONST_BLOCK_M, CONST_BLOCK_N, CONST_HEAD_DIM }; /* meaning of ot_spec.consts */
@@ -62,14 +66,25 @@ static void supported_head_dims(const ot_op *op, char *buf, size_t len) {
   }
 }
 
-int ot_attention_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_outputs, const double *attrs,
-                          ot_plan *plan, char *err, size_t err_len) {
-  if (n_inputs != N_INPUTS || n_outputs != 1 || op->n_attrs != 2) {
+/* The rest of both plans, once the shapes are known consistent: heads, spec, grid, output [B, Sq, hidden].
+ * x_name names the input whose dim 2 holds the hidden size (Q, or QKV with 3 of it), k_name Skv's. */
+static int plan_heads(const ot_op *op, const ot_desc *x, int64_t batch, int64_t sq, int64_t skv, int64_t hidden,
+                      const double *attrs, const char *x_name, const char *k_name, ot_plan *plan, char *err,
+                      size_t err_len);
+
+static int check_table(const ot_op *op, int n_inputs, int n_outputs, int want_inputs, char *err, size_t err_len) {
+  if (n_inputs != want_inputs || n_outputs != 1 || op->n_attrs != 2) {
     snprintf(err, err_len, "the kernel table gives this op %d inputs, %d outputs and %d attributes, the attention "
-                           "planner expects 6, 1 and 2; the library is inconsistent, rebuild it",
-             n_inputs, n_outputs, op->n_attrs);
+                           "planner expects %d, 1 and 2; the library is inconsistent, rebuild it",
+             n_inputs, n_outputs, op->n_attrs, want_inputs);
     return 1;
   }
+  return 0;
+}
+
+int ot_attention_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_outputs, const double *attrs,
+                          ot_plan *plan, char *err, size_t err_len) {
+  if (check_table(op, n_inputs, n_outputs, N_INPUTS, err, err_len)) return 1;
   for (int i = IN_Q; i <= IN_V; i++)
     if (check_rank3(op, in, i, err, err_len)) return 1;
   const ot_desc *q = &in[IN_Q], *k = &in[IN_K], *v = &in[IN_V], *kb = &in[IN_KEY_BIAS];
@@ -96,7 +111,35 @@ int ot_attention_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_ou
 
   for (int i = IN_K_BIAS; i <= IN_V_BIAS; i++)
     if (ot_check_vector(op, in, i, hidden, err, err_len)) return 1;
+  return plan_heads(op, q, batch, sq, skv, hidden, attrs, q_name, k_name, plan, err, err_len);
+}
 
+int ot_packed_attention_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_outputs, const double *attrs,
+                             ot_plan *plan, char *err, size_t err_len) {
+  if (check_table(op, n_inputs, n_outputs, N_PACKED_INPUTS, err, err_len)) return 1;
+  if (check_rank3(op, in, IN_QKV, err, err_len)) return 1;
+  const ot_desc *qkv = &in[IN_QKV], *kb = &in[IN_PACKED_KEY_BIAS];
+  const char *name = op->inputs[IN_QKV].name;
+  char a[160], b[160];
+  const int64_t batch = qkv->dims[0], seq = qkv->dims[1], width = qkv->dims[2];
+  if (width % 3 != 0) {
+    snprintf(err, err_len, "input %s has shape %s; its dim 2 must be 3 x the hidden size (Q, K, V side by side)",
+             name, ot_shape_text(qkv, a, sizeof a));
+    return 1;
+  }
+  if (kb->rank != 2 || kb->dims[0] != batch || kb->dims[1] != seq) {
+    snprintf(err, err_len, "input %s has shape %s; it must be [%lld,%lld], [B, S] of input %s (shape %s)",
+             op->inputs[IN_PACKED_KEY_BIAS].name, ot_shape_text(kb, a, sizeof a), (long long)batch,
+             (long long)seq, name, ot_shape_text(qkv, b, sizeof b));
+    return 1;
+  }
+  if (ot_check_vector(op, in, IN_BIAS, width, err, err_len)) return 1;
+  return plan_heads(op, qkv, batch, seq, seq, width / 3, attrs, name, name, plan, err, err_len);
+}
+
+static int plan_heads(const ot_op *op, const ot_desc *x, int64_t batch, int64_t sq, int64_t skv, int64_t hidden,
+                      const double *attrs, const char *x_name, const char *k_name, ot_plan *plan, char *err,
+                      size_t err_len) {
   /* attrs hold an ONNX int64 as a double: integral, and the kernel takes it as int32 */
   const double heads_attr = attrs[ATTR_NUM_HEADS];
   if (!(heads_attr >= 1 && heads_attr <= INT32_MAX) || heads_attr != (double)(int64_t)heads_attr) {
@@ -105,8 +148,8 @@ int ot_attention_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_ou
   }
   const int64_t heads = (int64_t)heads_attr;
   if (hidden % heads != 0) {
-    snprintf(err, err_len, "hidden size %lld (dim 2 of input %s) is not a multiple of num_heads=%lld",
-             (long long)hidden, q_name, (long long)heads);
+    snprintf(err, err_len, "hidden size %lld (%sdim 2 of input %s) is not a multiple of num_heads=%lld",
+             (long long)hidden, x->dims[2] == hidden ? "" : "a third of ", x_name, (long long)heads);
     return 1;
   }
   const int64_t head_dim = hidden / heads;
@@ -137,7 +180,7 @@ int ot_attention_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_ou
   const int64_t max_seq = INT32_MAX - (block_m > block_n ? block_m : block_n);
   if (sq > max_seq || skv > max_seq) {
     snprintf(err, err_len, "sequence length %lld (dim 1 of input %s) is more than this kernel's %lld",
-             (long long)(sq > max_seq ? sq : skv), sq > max_seq ? q_name : k_name, (long long)max_seq);
+             (long long)(sq > max_seq ? sq : skv), sq > max_seq ? x_name : k_name, (long long)max_seq);
     return 1;
   }
   int64_t programs; /* ceil(Sq / BLOCK_M) * B * N */
@@ -147,28 +190,47 @@ int ot_attention_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_ou
   plan->grid[0] = (unsigned)programs; /* 0 for an empty batch or Sq = 0: the caller skips the launch */
   plan->grid[1] = 1;
   plan->grid[2] = 1;
-  plan->outputs[0] = *q;
+  plan->outputs[0] = *x;
+  plan->outputs[0].dims[2] = hidden;
   plan->outputs[0].type = op->outputs[0].type;
   return 0;
 }
 
 
-int ot_attention_params(const ot_op *op, const ot_plan *plan, const ot_desc *in, void *const *ptrs,
-                        const double *attrs, void *storage, void **params) {
-  (void)plan; /* the spec's constants are compiled into the kernel; only shapes are passed */
-  void *const pointers[6] = {ptrs[IN_Q], ptrs[IN_K], ptrs[IN_V], ptrs[IN_KEY_BIAS], ptrs[IN_V_BIAS],
-                             ptrs[op->n_inputs]}; /* Y */
+/* The kernel's parameters (Q, K, V, KB, BQ, BV, Y, N, SQ, SKV, scale); the spec's constants are compiled in. */
+static int put_params(void *const pointers[7], const double *attrs, int64_t sq_dim, int64_t skv_dim, void *storage,
+                      void **params) {
   const int32_t heads = (int32_t)attrs[ATTR_NUM_HEADS]; /* the plan checked these fit int32 */
-  const int32_t sq = (int32_t)in[IN_Q].dims[1];
-  const int32_t skv = (int32_t)in[IN_K].dims[1];
+  const int32_t sq = (int32_t)sq_dim, skv = (int32_t)skv_dim;
   const float scale = (float)attrs[ATTR_SCALE];
 
   uint64_t *slot = storage;
   int n = 0;
-  for (int i = 0; i < 6; i++) ot_put_param(slot, params, n++, &pointers[i], sizeof pointers[i]);
+  for (int i = 0; i < 7; i++) ot_put_param(slot, params, n++, &pointers[i], sizeof pointers[i]);
   ot_put_param(slot, params, n++, &heads, sizeof heads);
   ot_put_param(slot, params, n++, &sq, sizeof sq);
   ot_put_param(slot, params, n++, &skv, sizeof skv);
   ot_put_param(slot, params, n++, &scale, sizeof scale);
   return n;
+}
+
+int ot_attention_params(const ot_op *op, const ot_plan *plan, const ot_desc *in, void *const *ptrs,
+                        const double *attrs, void *storage, void **params) {
+  (void)plan;
+  /* BQ: the unpacked specs never read it (Q's bias is a graph Add there); v_bias is a valid pointer */
+  void *const pointers[7] = {ptrs[IN_Q], ptrs[IN_K], ptrs[IN_V], ptrs[IN_KEY_BIAS], ptrs[IN_V_BIAS],
+                             ptrs[IN_V_BIAS], ptrs[op->n_inputs]}; /* Y */
+  return put_params(pointers, attrs, in[IN_Q].dims[1], in[IN_K].dims[1], storage, params);
+}
+
+int ot_packed_attention_params(const ot_op *op, const ot_plan *plan, const ot_desc *in, void *const *ptrs,
+                               const double *attrs, void *storage, void **params) {
+  (void)plan;
+  const int64_t hidden = in[IN_QKV].dims[2] / 3;
+  /* bytes per element: fp32 or fp16/bf16 (the contract's types) */
+  const int64_t step = hidden * (in[IN_QKV].type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT ? 4 : 2);
+  char *qkv = ptrs[IN_QKV], *bias = ptrs[IN_BIAS];
+  void *const pointers[7] = {qkv, qkv + step, qkv + 2 * step, ptrs[IN_PACKED_KEY_BIAS], bias, bias + 2 * step,
+                             ptrs[op->n_inputs]}; /* Y */
+  return put_params(pointers, attrs, in[IN_QKV].dims[1], in[IN_QKV].dims[1], storage, params);
 }

@@ -7,6 +7,7 @@ from .attention import MULTI_HEAD_ATTENTION
 from .bias_gelu import BIAS_GELU, BIAS_GELU_TANH
 from .causal_attention import CAUSAL_ATTENTION
 from .layer_norm import ADD_LAYER_NORM, LAYER_NORM
+from .packed_attention import PACKED_MULTI_HEAD_ATTENTION
 from .rms_norm import ADD_RMS_NORM, RMS_NORM
 from .rotary import ROTARY
 from .swiglu import SILU_MUL
@@ -14,5 +15,6 @@ from .swiglu import SILU_MUL
 ALL_OPS: tuple[OpContract, ...] = (LAYER_NORM, ADD_LAYER_NORM, BIAS_GELU, BIAS_GELU_TANH, MULTI_HEAD_ATTENTION)
 ALL_OPS += (RMS_NORM, ADD_RMS_NORM)
 ALL_OPS += (CAUSAL_ATTENTION,)
+ALL_OPS += (PACKED_MULTI_HEAD_ATTENTION,)
 ALL_OPS += (SILU_MUL, ROTARY)
 BY_NAME: dict[str, OpContract] = {op.name: op for op in ALL_OPS}

@@ -11,9 +11,10 @@ The K and V biases are inputs so that two of the three bias Adds of the projecti
 kernel needs neither as an add over K or V: q . (k + k_bias) = q . k + q . k_bias adds the same number to
 every score of a query row, which softmax cancels exactly, so k_bias drops out; and the weights of a row
 sum to 1, so sum_j p_j (v_j + v_bias) = sum_j p_j v_j + v_bias: v_bias is added once per output row (not
-to a row with no key left, which stays 0). Q's bias stays a graph Add: adding it in the kernel keeps Q
-in registers across the key loop (an operand of the tensor-core dot), and at D=64 with 4 warps ptxas
-then spills on sm_90 (tests/aot/test_register_budget.py).
+to a row with no key left, which stays 0). Q's bias stays a graph Add here: adding it to the Q tile in
+registers spills on sm_90 (tests/aot/test_register_budget.py). Where the three projections read one input,
+graph_rewrites/pack_qkv.py makes them one GEMM and PackedMultiHeadAttention, whose kernel adds Q's bias
+by staging the Q tile through memory (ops/packed_attention.py, kernels/attention.py).
 
 Taking the projections before the Reshape/Transpose to [B, N, S, D], and the padding mask as one bias
 per key, is what lets the kernel skip both the head transposes and the [B, 1, Sq, Skv] mask that
@@ -56,6 +57,13 @@ def reference_attention(q, k, v, key_bias, k_bias, v_bias, num_heads, scale):
 
 def _body(_opset: int) -> list[onnx.NodeProto]:
     """The same ops from opset 15 on (Unsqueeze takes axes as an input since 13, CastLike since 15)."""
+    return [helper.make_node("Add", ["K", "k_bias"], ["k_in"]), helper.make_node("Add", ["V", "v_bias"], ["v_in"]),
+            *attention_body("Q", "k_in", "v_in")]
+
+
+def attention_body(q: str, k: str, v: str) -> list[onnx.NodeProto]:
+    """Body nodes from Q, K, V [B, S, N*D] (biases added) and the formal key_bias to the formal Y, reading
+    the attributes num_heads and scale (PackedMultiHeadAttention's body ends with them too)."""
     n = helper.make_node
     heads = n("Constant", [], ["heads"])
     heads.attribute.append(attr_ref("num_heads", onnx.AttributeProto.INT, name="value_int"))
@@ -69,17 +77,16 @@ def _body(_opset: int) -> list[onnx.NodeProto]:
         n("Unsqueeze", ["heads", "ax0"], ["heads1"]),
         n("Concat", ["zero2", "heads1", "minus1"], ["split_shape"], axis=0),       # [0, 0, N, -1]
         n("Concat", ["zero2", "minus1"], ["merge_shape"], axis=0),                  # [0, 0, -1]
-        n("Add", ["K", "k_bias"], ["k_in"]), n("Add", ["V", "v_bias"], ["v_in"]),
-        n("Reshape", ["Q", "split_shape"], ["q3"]), n("Transpose", ["q3"], ["q4"], perm=[0, 2, 1, 3]),
-        n("Reshape", ["k_in", "split_shape"], ["k3"]), n("Transpose", ["k3"], ["k4t"], perm=[0, 2, 3, 1]),
-        n("Reshape", ["v_in", "split_shape"], ["v3"]), n("Transpose", ["v3"], ["v4"], perm=[0, 2, 1, 3]),
-        n("CastLike", ["scale_f", "Q"], ["scale_t"]),
+        n("Reshape", [q, "split_shape"], ["q3"]), n("Transpose", ["q3"], ["q4"], perm=[0, 2, 1, 3]),
+        n("Reshape", [k, "split_shape"], ["k3"]), n("Transpose", ["k3"], ["k4t"], perm=[0, 2, 3, 1]),
+        n("Reshape", [v, "split_shape"], ["v3"]), n("Transpose", ["v3"], ["v4"], perm=[0, 2, 1, 3]),
+        n("CastLike", ["scale_f", q], ["scale_t"]),
         n("MatMul", ["q4", "k4t"], ["qk"]), n("Mul", ["qk", "scale_t"], ["scores"]),
         n("Unsqueeze", ["key_bias", "ax12"], ["bias4"]),                            # [B, 1, 1, Skv]
         n("Add", ["scores", "bias4"], ["biased"]),
         n("Softmax", ["biased"], ["probs"], axis=-1),
         # a row whose keys are all -inf: softmax gives NaN, the op gives 0 (module docstring)
-        n("Constant", [], ["zero_f"], value_float=0.0), n("CastLike", ["zero_f", "Q"], ["zero_t"]),
+        n("Constant", [], ["zero_f"], value_float=0.0), n("CastLike", ["zero_f", q], ["zero_t"]),
         n("IsNaN", ["probs"], ["nan_rows"]), n("Where", ["nan_rows", "zero_t", "probs"], ["probs_ok"]),
         n("MatMul", ["probs_ok", "v4"], ["o4"]), n("Transpose", ["o4"], ["o3"], perm=[0, 2, 1, 3]),
         n("Reshape", ["o3", "merge_shape"], ["Y"]),
@@ -92,11 +99,13 @@ def _body(_opset: int) -> list[onnx.NodeProto]:
 # flat axis of ceil(Sq / BLOCK_M) * B * N programs, the query block fastest (grid.y would stop B * N at
 # 65535). Only the pointers are promised 16-byte aligned: every head dim here is a multiple of 8, so row
 # starts (n * D elements) and the row stride (N * D) are 16-byte multiples in fp16/bf16/fp32 too, and Triton
-# sees that through the constexpr HEAD_DIM (16-byte vector loads without a hint on N).
+# sees that through the constexpr HEAD_DIM (16-byte vector loads without a hint on N). The packed form
+# (PACKED, ops/packed_attention.py) keeps both: its row stride 3 * N * D and the K and V pointers, N * D and
+# 2 * N * D elements into QKV, are 16-byte multiples too.
 KERNEL = Kernel(
     module="ort_triton.kernels.attention",
     fn_name="attention_fwd",
-    signature={"Q": "*{T}", "K": "*{T}", "V": "*{T}", "KB": "*{T}", "BV": "*{T}", "Y": "*{T}",
+    signature={"Q": "*{T}", "K": "*{T}", "V": "*{T}", "KB": "*{T}", "BQ": "*{T}", "BV": "*{T}", "Y": "*{T}",
                "N": "i32", "SQ": "i32", "SKV": "i32", "scale": "fp32"},
     native_plan="ot_attention_plan",
     native_params="ot_attention_params",
@@ -136,7 +145,7 @@ def block_config(head_dim: int, type_name: str) -> dict:
                 pre_hopper=_PRE_HOPPER.get(kind))
 
 
-def _specs(type_name: str) -> list[Spec]:
+def attention_specs(type_name: str, packed: bool = False) -> list[Spec]:
     """Per head dim two specs, the first for Sq and Skv multiples of 16 (the native planner takes the first
     that fits). Knowing Skv % 16 == 0 tells Triton that each batch's key-bias row starts 16-byte aligned, so
     those loads become asynchronous copies pipelined with K and V; without it they are synchronous loads
@@ -147,22 +156,25 @@ def _specs(type_name: str) -> list[Spec]:
     for d in HEAD_DIMS:
         cfg = block_config(d, type_name)
         for aligned in (1, 0):
-            specs.append(_spec(type_name, ((d, d), (aligned, 1), (0, ANY), (0, ANY)), cfg))  # tuned specs narrow
+            # tuned specs narrow Sq and B * N
+            specs.append(_spec(type_name, ((d, d), (aligned, 1), (0, ANY), (0, ANY)), cfg, packed))
     return specs
 
 
-def _spec(type_name: str, keys: tuple[tuple[int, int], ...], cfg: dict) -> Spec:
+def _spec(type_name: str, keys: tuple[tuple[int, int], ...], cfg: dict, packed: bool = False) -> Spec:
     """The spec of a config for the key ranges ((D, D), (aligned lo, 1), (Sq lo, hi), (B * N lo, hi));
-    aligned lo = 1 promises Sq and Skv multiples of 16."""
+    aligned lo = 1 promises Sq and Skv multiples of 16. packed: the kernel of PackedMultiHeadAttention
+    (ops/packed_attention.py)."""
     d, aligned = keys[0][0], keys[1][0]
     block_d = max(16, 1 << (d - 1).bit_length())
     return Spec(
-        constexprs={"HEAD_DIM": d, "BLOCK_D": block_d, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"]},
+        constexprs={"HEAD_DIM": d, "BLOCK_D": block_d, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"],
+                    "PACKED": packed},
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         keys=tuple(keys),
         pre_hopper=cfg.get("pre_hopper"),
         consts=(cfg["BLOCK_M"], cfg["BLOCK_N"], d),
-        divisible_by_16=("Q", "K", "V", "KB", "BV", "Y") + (("SQ", "SKV") if aligned else ()),
+        divisible_by_16=("Q", "K", "V", "KB", "BQ", "BV", "Y") + (("SQ", "SKV") if aligned else ()),
     )
 
 
@@ -218,6 +230,6 @@ MULTI_HEAD_ATTENTION = OpContract(
     body=_body,
     reference=reference_attention,
     kernel=KERNEL,
-    specializations=_specs,
+    specializations=attention_specs,
     tuning=TUNING,
 )

@@ -1,5 +1,6 @@
 """No register spills in the attention specs BERT-sized models run (head dim 64), on Ampere and Hopper:
-the Hopper-tuned 4 warps spill on sm_8x, so those archs compile with Spec.pre_hopper (ops/attention.py).
+the Hopper-tuned 4 warps spill on sm_8x, so those archs compile with Spec.pre_hopper (ops/attention.py); and
+the packed kernel, which stages q + bq through Y because holding it in registers spills (kernels/attention.py).
 ptxas' resource report (cuobjdump -res-usage) is read from the cubins; no GPU needed. The compile runs in a
 subprocess: the tests' TRITON_INTERPRET=1 (conftest) would hand the build an interpreted kernel."""
 
@@ -17,8 +18,8 @@ SCRIPT = r"""
 import json, pathlib, re, subprocess, sys
 import triton
 from ort_triton.aot.compile import Job, compile_job
-from ort_triton.ops import MULTI_HEAD_ATTENTION as OP
-arch, out = int(sys.argv[1]), pathlib.Path(sys.argv[2])
+from ort_triton.ops import BY_NAME
+arch, out, OP = int(sys.argv[1]), pathlib.Path(sys.argv[2]), BY_NAME[sys.argv[3]]
 tool = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 rows = []
 for i, spec in enumerate(OP.specializations("float16")):
@@ -32,11 +33,12 @@ print(json.dumps(rows))
 """
 
 
+@pytest.mark.parametrize("op", ["MultiHeadAttention", "PackedMultiHeadAttention"])
 @pytest.mark.parametrize("arch", [80, 90])
-def test_head_dim_64_attention_does_not_spill(arch, tmp_path):
+def test_head_dim_64_attention_does_not_spill(arch, op, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = pathlib.Path(__file__).resolve().parents[2]
-    res = subprocess.run([sys.executable, "-c", SCRIPT, str(arch), str(tmp_path)], capture_output=True, text=True,
+    res = subprocess.run([sys.executable, "-c", SCRIPT, str(arch), str(tmp_path), op], capture_output=True, text=True,
                          env=env, cwd=root)
     assert res.returncode == 0, res.stderr[-2000:]
     rows = json.loads(res.stdout.splitlines()[-1])

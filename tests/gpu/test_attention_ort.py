@@ -16,6 +16,7 @@ from onnx import TensorProto, helper
 
 from ort_triton.contract import DOMAIN
 from ort_triton.ops.attention import MULTI_HEAD_ATTENTION, reference_attention
+from ort_triton.ops.packed_attention import PACKED_MULTI_HEAD_ATTENTION, reference_packed_attention
 from ort_triton.runtime import launch_count, make_session
 
 pytestmark = pytest.mark.gpu
@@ -28,18 +29,22 @@ SEQS = {1: 8, 37: 4, 128: 4, 512: 2}  # S -> B
 
 
 def _model(type_name, b, sq, skv, hidden, num_heads, scale):
-    t = TYPES[type_name][0]
     names = ["q", "k", "v", "key_bias", "k_bias", "v_bias"]
     shapes = [[b, sq, hidden], [b, skv, hidden], [b, skv, hidden], [b, skv], [hidden], [hidden]]
+    return _node_model(MULTI_HEAD_ATTENTION, type_name, names, shapes, shapes[0], num_heads, scale)
+
+
+def _node_model(op, type_name, names, shapes, out_shape, num_heads, scale):
+    """One `op` node between Casts from and to float32 inputs `<name>32`, with its function body."""
+    t = TYPES[type_name][0]
     nodes = [helper.make_node("Cast", [n + "32"], [n], to=t) for n in names]
-    nodes += [helper.make_node(MULTI_HEAD_ATTENTION.name, names, ["y"], domain=DOMAIN, num_heads=num_heads,
-                               scale=scale),
+    nodes += [helper.make_node(op.name, names, ["y"], domain=DOMAIN, num_heads=num_heads, scale=scale),
               helper.make_node("Cast", ["y"], ["y32"], to=TensorProto.FLOAT)]
-    g = helper.make_graph(nodes, "mha", [helper.make_tensor_value_info(n + "32", TensorProto.FLOAT, s)
-                                         for n, s in zip(names, shapes)],
-                          [helper.make_tensor_value_info("y32", TensorProto.FLOAT, shapes[0])])
+    g = helper.make_graph(nodes, op.name, [helper.make_tensor_value_info(n + "32", TensorProto.FLOAT, s)
+                                           for n, s in zip(names, shapes)],
+                          [helper.make_tensor_value_info("y32", TensorProto.FLOAT, out_shape)])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, 1)],
-                          functions=[MULTI_HEAD_ATTENTION.function_proto(OPSET)], ir_version=9)
+                          functions=[op.function_proto(OPSET)], ir_version=9)
     onnx.checker.check_model(m)
     return m
 
@@ -123,3 +128,35 @@ def test_bad_head_dim_is_an_ort_error_and_the_next_run_works(gpu_library):
         sess.run(None, feeds(12))
     (y,) = sess.run(None, feeds(64))
     np.testing.assert_allclose(y, 1.0, rtol=1e-6)
+
+
+# ---- PackedMultiHeadAttention: the kernel reads Q, K, V through pointers into one QKV tensor ------------
+def _packed_model(type_name, b, s, hidden, num_heads, scale):
+    return _node_model(PACKED_MULTI_HEAD_ATTENTION, type_name, ["qkv", "key_bias", "bias"],
+                       [[b, s, 3 * hidden], [b, s], [3 * hidden]], [b, s, hidden], num_heads, scale)
+
+
+@pytest.mark.parametrize("type_name", list(TYPES))
+@pytest.mark.parametrize("s", list(SEQS))
+@pytest.mark.parametrize("num_heads, d", HEADS, ids=lambda x: str(x))
+def test_packed_cuda_ep_runs_the_kernel(gpu_library, type_name, s, num_heads, d):
+    """Every bias nonzero (Q's staged into the Q tile, V's added to the rows); finfo.min padding with the
+    last batch row fully masked, and -inf on the 40-wide heads."""
+    _, torch_dtype, tol = TYPES[type_name]
+    rng = np.random.default_rng(s * 1000 + d + 7)
+    b, hidden, scale = SEQS[s], num_heads * d, d**-0.5
+    low = float("-inf") if d == 40 else float(torch.finfo(torch_dtype).min)
+    qkv = rng.normal(size=(b, s, 3 * hidden)).astype(np.float32)
+    bias = rng.normal(0, 0.5, 3 * hidden).astype(np.float32)
+    kb, lengths = _key_bias(b, s, type_name, rng, low)
+    sess = make_session(_packed_model(type_name, b, s, hidden, num_heads, scale),
+                        providers=["CUDAExecutionProvider"], library=gpu_library)
+    before = launch_count(gpu_library)
+    (got,) = sess.run(None, {"qkv32": qkv, "key_bias32": kb, "bias32": bias})
+    assert launch_count(gpu_library) == before + 1, "the Triton kernel did not run"
+    (want,) = reference_packed_attention(*(_round(a, torch_dtype) for a in (qkv, kb, bias)), num_heads, scale)
+    assert np.isfinite(got).all()
+    err = np.abs(got - want).max() / max(np.abs(want).max(), 1e-6)
+    assert err < tol, f"rel err {err:.2e}"
+    if low == float("-inf") and lengths[-1] == 0:
+        assert (got[-1] == 0).all()

@@ -31,7 +31,7 @@ def test_rewritten_bert_on_cuda(gpu_library, tmp_path, exporter, dtype):
     layers = model.config.num_hidden_layers
     ours = collections.Counter(n.op_type for n in optimized.graph.node if n.domain == "ai.ort_triton")
     assert ours["LayerNorm"] + ours["AddLayerNorm"] == 1 + 2 * layers and ours["BiasGelu"] == layers, ours
-    assert ours["MultiHeadAttention"] == layers, ours
+    assert ours["PackedMultiHeadAttention"] == layers, ours
     n_ours = sum(ours.values())
     ref = ort.InferenceSession(str(ref_model), providers=["CPUExecutionProvider"])
     cuda = [("CUDAExecutionProvider", {"use_tf32": "0"})]  # ORT's default TF32 GEMMs would swamp the check

@@ -51,9 +51,13 @@ def test_every_attention_fused_and_outputs_equal(exported, name, impl, exporter,
     after = rep.ops_after
     if head_dim in HEAD_DIMS:
         assert rule.matched == layers and not rule.refused, rule
-        assert after["ai.ort_triton.MultiHeadAttention"] == layers, after
-        # and the projections' bias Adds went into it (BERT's Q, K, V projections all have biases)
+        # and the projections' bias Adds went into it (BERT's Q, K, V projections all have biases), then
+        # the three projections into one packed MatMul
         assert rep.rules["attention_bias"].matched == layers, rep.rules["attention_bias"]
+        assert rep.rules["pack_qkv"].matched == layers and not rep.rules["pack_qkv"].refused, rep.rules["pack_qkv"]
+        assert after["ai.ort_triton.PackedMultiHeadAttention"] == layers, after
+        # per layer the packed projection, the output projection and the two of the MLP: no MatMul left over
+        assert after["ai.ort_triton.MultiHeadAttention"] == 0 and after["MatMul"] == 4 * layers, after
         # the [B, 1, S, S] mask subgraph went with the last layer that read it
         assert after["Softmax"] == after["Attention"] == after["And"] == after["GatherND"] == 0, after
     else:
@@ -67,3 +71,21 @@ def test_every_attention_fused_and_outputs_equal(exported, name, impl, exporter,
         (a,), (b,) = ref.run(None, feeds), new.run(None, feeds)
         assert np.isfinite(a).all()
         assert np.abs(a - b).max() / np.abs(a).max() < 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("impl, exporter, opset", [("eager", "dynamo", None), ("sdpa", "torchscript", 17)])
+def test_without_packing_the_projections_stay_three(exported, impl, exporter, opset):
+    """--disable pack_qkv keeps MultiHeadAttention over the three projections (the form any attention whose
+    projections cannot be packed takes), with the same outputs."""
+    config, path = exported("bert-tiny", impl, exporter, opset)
+    out, rep = graph_rewrites.optimize(str(path), report=True, disable=["pack_qkv"])
+    layers = config.num_hidden_layers
+    assert rep.ops_after["ai.ort_triton.MultiHeadAttention"] == layers, rep.ops_after
+    assert rep.ops_after["ai.ort_triton.PackedMultiHeadAttention"] == 0
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    new = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = random_inputs(ref, 3, 13, config.vocab_size, seed=3)
+    feeds["attention_mask"][1] = 0
+    (a,), (b,) = ref.run(None, feeds), new.run(None, feeds)
+    assert np.abs(a - b).max() / np.abs(a).max() < 1e-5

@@ -41,7 +41,9 @@ def test_every_layer_norm_and_gelu_fused_and_outputs_equal(built, tmp_path, name
     heads = getattr(model.config, "num_attention_heads", None) or model.config.n_heads
     hidden = getattr(model.config, "hidden_size", None) or model.config.dim
     fused_attention = layers if hidden // heads in HEAD_DIMS else 0  # bert-odd: head dim 24, refused
-    assert after["ai.ort_triton.MultiHeadAttention"] == fused_attention, after
+    # Q/K/V packed in every layer (ViT's too: without a mask its zero key bias reads x's shape, not K's)
+    assert after["ai.ort_triton.PackedMultiHeadAttention"] == fused_attention, after
+    assert after["ai.ort_triton.MultiHeadAttention"] == 0, after
     if fused_attention:
         assert after["Softmax"] == 0, after
     ref = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])

@@ -497,14 +497,13 @@ def _check_fused_nodes(out, n, scale):
         assert attrs["num_heads"] == n and math.isclose(attrs["scale"], scale, rel_tol=1e-6), attrs
 
 
-def _check_bias_folds(rep, expected, masked, refused=False):
-    """attention_bias folds the K and V projection biases of `expected` fused layers; `refused`: one more
-    has both but K's sum is read elsewhere, which must be refused. Without a mask every fold is refused
-    (a finding: test_projection_biases_fold_without_a_mask)."""
+def _check_bias_folds(rep, expected, refused=False):
+    """attention_bias folds the K and V projection biases of `expected` fused layers, with a mask or without
+    (the zero key bias of a layer without one reads x's shape, not K's); `refused`: one more has both but
+    K's sum is read elsewhere, which must be refused."""
     st_ = rep.rules["attention_bias"]
     reasons = [r.reason for r in st_.refused]
-    if st_.matched != expected:
-        assert not masked and st_.matched == 0 and reasons, (st_, _refusals(rep))
+    assert st_.matched == expected, (st_, _refusals(rep))
     if refused:
         assert any("used outside" in r for r in reasons), reasons
 
@@ -528,8 +527,27 @@ def _check_decomposed(p) -> int:
     _check_fused_nodes(out, p["n"], p["expected_scale"])
     if expected:
         both, k_read = p["biases"][1] and p["biases"][2], p["leak"] == "k_proj"
-        _check_bias_folds(rep, both * (expected - k_read), p["mask"] not in ("none", "keep_all"), both and k_read)
+        _check_bias_folds(rep, both * (expected - k_read), both and k_read)
     return expected
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@settings(SETTINGS, max_examples=40)
+@given(data=st.data())
+def test_packing_the_projections_keeps_results(dtype, data):
+    """pack_qkv after the attention rules: the outputs stay; every fused layer is packed where its K and V
+    biases folded (both present or both absent: attention_bias folds the pair) and no projection is read
+    elsewhere; the rest stay MultiHeadAttention."""
+    p = data.draw(decomposed_params("none", dtype), label="p")
+    model, feeds = decomposed_model(p)
+    out, rep = _optimize(model, ATTENTION_RULES + ["pack_qkv"])
+    _same(model, out, feeds, TOL[p["dtype"]])
+    fused, after = rep.rules["attention"].matched, rep.ops_after
+    packed = after["ai.ort_triton.PackedMultiHeadAttention"]
+    assert packed + after[MHA] == fused and packed == rep.rules["pack_qkv"].matched, (after, rep.rules["pack_qkv"])
+    event(f"packed {packed} of {fused}")
+    if p["biases"][1] == p["biases"][2] and p["leak"] == "none":
+        assert packed == fused, (p, rep.rules["pack_qkv"])
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -629,7 +647,7 @@ def _check_onnx(p) -> int:
     scale = p["d"] ** -0.5 if p["scale_value"] is None else float(np.float32(p["scale_value"]))
     _check_fused_nodes(out, p["n"], scale)
     if expected:
-        _check_bias_folds(rep, int(all(p["biases"])), p["mask"] in ("bool", "add_inf"))
+        _check_bias_folds(rep, int(all(p["biases"])))
     return expected
 
 
@@ -659,11 +677,12 @@ def test_the_whole_pipeline_fuses_the_same(case):
     model, feeds = builder(p)
     out, rep = _optimize(model, None)
     _same(model, out, feeds, TOL[p["dtype"]])
-    others = {name: s.matched for name, s in rep.rules.items() if s.matched and name not in ATTENTION_RULES}
+    others = {name: s.matched for name, s in rep.rules.items()
+              if s.matched and name not in ATTENTION_RULES + ["pack_qkv"]}
     if p["static"] and p["seq"] == 1:  # one key: a padding mask is causal too, and those rules may take it
         assert set(others) <= {"causal_attention", "causal_attention_onnx"}, others
         return
-    _, alone = _optimize(model)
+    _, alone = _optimize(model, ATTENTION_RULES + ["pack_qkv"])
     assert not others and rep.ops_after == alone.ops_after, (others, rep.ops_after, alone.ops_after)
 
 
@@ -695,10 +714,9 @@ def test_commuted_operands_fuse(overrides):
     assert rep.rules["attention"].matched == 1, (rep.rules["attention"].best_partial, _refusals(rep))
 
 
-@_finding("without a mask the rewrite builds key_bias from Shape(K), a second reader of K's bias Add, so "
-          "attention_bias refuses to fold the K and V biases ('an output of a matched node is also used outside')")
 @pytest.mark.parametrize("mask", ["none", "keep_all"])
 def test_projection_biases_fold_without_a_mask(mask):
+    """Once a finding (the zero key bias read K's shape, a second reader of K's bias Add): now folded."""
     _, rep = _optimize_checked(params(mask=mask))
     if rep.rules["attention"].matched != 1:
         pytest.fail(f"the layer is not fused: {_refusals(rep)}")

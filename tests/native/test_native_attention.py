@@ -20,6 +20,11 @@ OP = "MultiHeadAttention"
 
 @pytest.fixture
 def lib(native_library):
+    return load(native_library)
+
+
+def load(native_library):
+    """The library with the planner hooks' argument types declared."""
     lib = ctypes.CDLL(str(native_library))
     lib.ort_triton_plan_attrs.argtypes = [
         ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int),

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from ort_triton.kernels.attention import attention
+from ort_triton.kernels.attention import attention, packed_attention
 from ort_triton.ops.attention import HEAD_DIMS, reference_attention
+from ort_triton.ops.packed_attention import reference_packed_attention
 
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"  # conftest decides
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -37,15 +38,22 @@ def _run(q, k, v, kb, heads, scale, config=None, biases=(None, None)):
     return y.to(torch.float64).cpu().numpy()
 
 
+def _f64(t):
+    return t.to(torch.float64).cpu().numpy()
+
+
 def _check(got, q, k, v, kb, heads, scale, dtype, biases=(None, None)):
-    f = lambda t: t.to(torch.float64).cpu().numpy()
     zero = np.zeros(q.shape[-1])
-    (want,) = reference_attention(f(q), f(k), f(v), f(kb), *(zero if c is None else f(c) for c in biases), heads,
-                                  scale)
+    (want,) = reference_attention(_f64(q), _f64(k), _f64(v), _f64(kb),
+                                  *(zero if c is None else _f64(c) for c in biases), heads, scale)
+    _assert_close(got, want, dtype)
+    return want
+
+
+def _assert_close(got, want, dtype):
     assert np.isfinite(got).all(), "unwritten (NaN) or non-finite elements"
     err = np.abs(got - want).max() / max(np.abs(want).max(), 1e-6)
     assert err < TOL[dtype], f"rel err {err:.2e} > {TOL[dtype]:.0e}"
-    return want
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -192,3 +200,83 @@ def test_offsets_past_2_31_elements():
     for i in (0, b - 1):
         got = y[i:i + 1].double().cpu().numpy()
         _check(got, q[i:i + 1], k[i:i + 1], v[i:i + 1], kb[i:i + 1], heads, d**-0.5, torch.float16)
+
+
+# ---- PackedMultiHeadAttention: Q, K, V side by side in one [B, S, 3*N*D] projection, with its bias -------
+def _packed_inputs(b, s, heads, d, dtype, seed, bias_scale=2.0):
+    gen = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(b, s, 3 * heads * d, generator=gen, dtype=torch.float64)
+    bias = torch.randn(3 * heads * d, generator=gen, dtype=torch.float64) * bias_scale
+    return qkv.to(dtype).to(DEVICE), bias.to(dtype).to(DEVICE)
+
+
+def _check_packed(qkv, kb, bias, heads, scale, dtype, config=SMALL):
+    out = torch.full((*qkv.shape[:2], qkv.shape[2] // 3), float("nan"), dtype=dtype, device=DEVICE)
+    assert packed_attention(qkv, kb, bias, heads, scale, out=out, config=config) is out
+    got = _f64(out)
+    (want,) = reference_packed_attention(_f64(qkv), _f64(kb), _f64(bias), heads, scale)
+    _assert_close(got, want, dtype)
+    return got
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("d", HEAD_DIMS)
+def test_packed_every_head_dim_with_its_library_blocks(dtype, d):
+    """The library's blocks; every bias nonzero (Q's is staged into Q, K's cancels, V's is added)."""
+    qkv, bias = _packed_inputs(2, 9, 2, d, dtype, seed=d)
+    kb = torch.zeros(2, 9, dtype=dtype, device=DEVICE)
+    _check_packed(qkv, kb, bias, 2, d**-0.5, dtype, config=None)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("s", [1, 7, 33, 65])
+@pytest.mark.parametrize("d", [40, 64])
+def test_packed_odd_lengths_over_several_blocks(dtype, s, d):
+    qkv, bias = _packed_inputs(2, s, 3, d, dtype, seed=s)
+    kb = (torch.rand(2, s, generator=torch.Generator().manual_seed(s)) - 0.5).to(dtype).to(DEVICE)
+    _check_packed(qkv, kb, bias, 3, 1.5 * d**-0.5, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("masked", ["finfo.min", "-inf"])
+def test_packed_padding_and_fully_masked_rows(dtype, masked):
+    """Right padding on one row, every key masked on the last: -inf gives 0 (no v_bias), finfo.min the
+    mean of V + v_bias (not fp16, whose finfo.min only shifts the scores: see the unpacked test)."""
+    b, s, heads, d = 3, 37, 2, 32
+    qkv, bias = _packed_inputs(b, s, heads, d, dtype, seed=13)
+    low = torch.finfo(dtype).min if masked == "finfo.min" else float("-inf")
+    kb = torch.zeros(b, s, dtype=torch.float64)
+    kb[1, 30:] = low
+    kb[2, :] = low
+    got = _check_packed(qkv, kb.to(dtype).to(DEVICE), bias, heads, d**-0.5, dtype)
+    hidden = heads * d
+    if masked == "-inf":
+        assert (got[-1] == 0).all()
+    elif dtype != torch.float16:
+        v = qkv[-1, :, 2 * hidden:].to(torch.float64) + bias[2 * hidden:].to(torch.float64)
+        mean = v.mean(0).cpu().numpy()
+        assert np.abs(got[-1] - mean[None, :]).max() < TOL[dtype] * np.abs(mean).max()
+
+
+def test_packed_empty_batch_launches_nothing():
+    qkv, bias = _packed_inputs(0, 4, 2, 32, torch.float32, seed=0)
+    y = packed_attention(qkv, torch.zeros(0, 4, device=DEVICE), bias, 2, 0.1)
+    assert y.shape == (0, 4, 64)
+
+
+@pytest.mark.parametrize("over, err", [
+    (dict(qkv=torch.zeros(2, 3, 64)), r"num_heads=1 must be a positive int dividing the hidden size 21 "
+                                      r"\(dim 2 is 64: Q, K, V side by side\)"),
+    (dict(qkv=torch.zeros(3, 192)), r"qkv must be \[B, S, 3\*N\*D\]"),
+    (dict(qkv=torch.zeros(2, 3, 36)), r"head dim 12 \(hidden 12 / 1 heads\) not supported"),
+    (dict(key_bias=torch.zeros(2, 4)), r"key_bias must be .* shape \[2, 3\]"),
+    (dict(bias=torch.zeros(64)), r"bias must be .* shape \[192\]"),
+    (dict(out=torch.zeros(2, 3, 192)), r"out must be .* shape \[2, 3, 64\]"),
+])
+def test_packed_bad_input_is_a_clear_error(over, err):
+    args = dict(qkv=torch.zeros(2, 3, 192), key_bias=torch.zeros(2, 3), bias=torch.zeros(192), num_heads=1,
+                scale=0.125)
+    args.update(over)
+    args = {n: t.to(DEVICE) if isinstance(t, torch.Tensor) else t for n, t in args.items()}
+    with pytest.raises((ValueError, TypeError), match=err):
+        packed_attention(**args)

@@ -50,7 +50,7 @@ def test_bert_exports_fold_every_shape_computation(exported):
     assert _cpu_side(out) == [], _cpu_side(out)
     assert [[d.dim_value for d in i.type.tensor_type.shape.dim] for i in out.graph.input] == list(SHAPE.values())
     ops = collections.Counter(n.op_type for n in out.graph.node)
-    assert ops["MultiHeadAttention"] == 2 and ops["AddLayerNorm"] == 4, ops  # the fused ops survive
+    assert ops["PackedMultiHeadAttention"] == 2 and ops["AddLayerNorm"] == 4, ops  # the fused ops survive
     ref = ort.InferenceSession(str(exported), providers=["CPUExecutionProvider"])
     new = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
     feeds = random_inputs(ref, 3, 24, 512, seed=3)
@@ -65,7 +65,7 @@ def test_cli_static_shapes(exported, tmp_path):
     proto = onnx.load(str(out))
     assert _cpu_side(proto) == []
     assert not json.loads(js.read_text())["notes"]
-    assert json.loads(js.read_text())["ops_after"]["ai.ort_triton.MultiHeadAttention"] == 2
+    assert json.loads(js.read_text())["ops_after"]["ai.ort_triton.PackedMultiHeadAttention"] == 2
 
 
 @pytest.mark.slow

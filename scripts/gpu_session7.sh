@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Session 7's GPU check in one device call (carry [".ortgpu", ".ortinc"]; start with
+# `source .ortgpu/activate.sh &&`): the library for sm_90, the packed-attention GPU tests, packed against
+# unpacked attention kernels, BERT-base packed/unpacked beside ORT's best, and a BERT tune with the
+# candidates compiled ahead. Each step is bounded so the call ends inside 10 minutes.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/ort_triton_out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export ORT_TRITON_CACHE=/tmp/ort_triton_cache ORT_INCLUDE_DIR=${ORT_INCLUDE_DIR:-$PWD/.ortinc}
+python3 -m ort_triton build --arch 90 -o build/lib 2>&1 | tail -1
+export ORT_TRITON_LIBRARY=$PWD/build/lib/libort_triton.so
+timeout 120 python3 -m pytest -q -p no:cacheprovider -W ignore tests/gpu/test_attention_ort.py tests/gpu/test_bert_cuda.py \
+  tests/ops/test_attention_kernel.py -k "packed or bert" 2>&1 | tail -2
+timeout 60 python3 scripts/packed_attention_micro.py 2>&1 | grep -v Warn | tee "$OUT/packed_attention_micro.jsonl"
+SHAPES=${SHAPES:-1x128,8x128,32x128,1x512,8x512,32x512,8x2048} timeout 240 bash scripts/gpu_bench_bert.sh pack 2>&1 | tail -52
+[ "${TUNE:-1}" = 1 ] || exit 0
+fused=build/tune_work/bert-base.fp16.opt.onnx
+mkdir -p build/tune_work
+[ -f "$fused" ] || python3 - "$fused" <<'PY'
+import copy, pathlib, sys
+import onnx
+import graph_rewrites
+from ort_triton import models
+out = pathlib.Path(sys.argv[1])
+src = models.export(copy.deepcopy(models.build("bert-base")).half(), out.with_name("bert-base.fp16.onnx"))
+onnx.save(graph_rewrites.optimize(str(src)), str(out))
+PY
+timeout 150 python3 -m ort_triton tune "$fused" --shapes 1x128,8x512,8x2048 --budget-min "${TUNE_MIN:-1.5}" \
+  -o "$OUT/bert.tuning.json" 2>&1 | grep -v -E "Warning|warn\(" | tail -8
