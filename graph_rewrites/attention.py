@@ -412,22 +412,30 @@ class OnnxAttention3dRule(_OnnxAttentionRule):
 class AttentionBiasRule(pattern.RewriteRuleClassBase):
     """ot.MultiHeadAttention(q, mk + ck, mv + cv, kb, 0, 0) -> ot.MultiHeadAttention(q, mk, mv, kb, ck, cv):
     the K and V projections' bias Adds go into the op (each c the [N*D] bias of its MatMul; Q's stays, see
-    ort_triton/ops/attention.py)."""
+    ort_triton/ops/attention.py). fold="kv" takes both; "k" or "v" one of them, where the other projection
+    has no bias or its Add cannot go (a later stage, so that a pair is always folded at once)."""
+
+    def __init__(self, name: str, fold: str = "kv"):
+        super().__init__(name)
+        self._fold = fold
 
     def pattern(self, op, q, mk, ck, mv, cv, key_bias, zk, zv):
-        return op.MultiHeadAttention(q, op.Add(mk, ck), op.Add(mv, cv), key_bias, zk, zv,
-                                     _domain=DOMAIN, _allow_other_attributes=True, _outputs=["y"])
+        k = op.Add(mk, ck) if "k" in self._fold else mk
+        v = op.Add(mv, cv) if "v" in self._fold else mv
+        return op.MultiHeadAttention(q, k, v, key_bias, zk, zv, _domain=DOMAIN, _allow_other_attributes=True,
+                                     _outputs=["y"])
 
-    def check(self, context, mk, ck, mv, cv, zk, zv, **_):
+    def check(self, context, mk, mv, zk, zv, ck=None, cv=None, **_):
         result = pattern.MatchResult()
-        for zero, bias, x in ((zk, ck, mk), (zv, cv, mv)):
-            result = check_zero_bias_to_fold(result, zero, bias, x)
-            if not result:
-                return result
+        for side, zero, bias, x in (("k", zk, ck, mk), ("v", zv, cv, mv)):
+            if side in self._fold:
+                result = check_zero_bias_to_fold(result, zero, bias, x)
+                if not result:
+                    return result
         return result
 
-    def rewrite(self, op, q, mk, ck, mv, cv, key_bias, y, **_):
+    def rewrite(self, op, q, mk, mv, key_bias, zk, zv, y, ck=None, cv=None, **_):
         node = y.producer()
-        return MULTI_HEAD_ATTENTION.node(op, q, mk, mv, key_bias, ck, cv,
+        return MULTI_HEAD_ATTENTION.node(op, q, mk, mv, key_bias, zk if ck is None else ck, zv if cv is None else cv,
                                          num_heads=node.attributes.get_int("num_heads", 1),
                                          scale=node.attributes.get_float("scale", 1.0))

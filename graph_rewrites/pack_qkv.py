@@ -4,10 +4,11 @@
     MultiHeadAttention(x @ Wq [+ bq], x @ Wk, x @ Wv, key_bias, bk, bv)
         -> PackedMultiHeadAttention(x @ [Wq | Wk | Wv], key_bias, [bq | bk | bv])
 
-Runs after attention_bias, which has already moved the K and V bias Adds into the op; Q's bias Add goes
-too (the kernel adds it). One GEMM of 3*H columns instead of three of H: 2.72x faster at BERT-base's 128
-rows on the H200, 1.05x at 16384 (bench/results/session6). Only self-attention qualifies (one x for all
-three) and only constant weights of one shape and type (the packed weight is built here, once).
+Runs after attention_bias and attention_bias_one, which have already moved the K and V bias Adds into the
+op; Q's bias Add goes too (the kernel adds it). One GEMM of 3*H columns instead of three of H: 2.72x faster
+at BERT-base's 128 rows on the H200, 1.05x at 16384 (bench/results/session6). Only self-attention
+qualifies (one x for all three) and only constant weights of one shape and type (the packed weight is built
+here, once).
 """
 
 from __future__ import annotations

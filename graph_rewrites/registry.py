@@ -73,8 +73,11 @@ RULES: tuple[RuleInfo, ...] = (
              "MultiHeadAttention", 4, lambda: [att.OnnxAttention3dRule.rule("attention_onnx_3d")]),
     RuleInfo("attention_bias", "MultiHeadAttention(q, mk + ck, mv + cv) -> MultiHeadAttention(q, mk, mv, "
              "biases ck, cv)", 5, lambda: [att.AttentionBiasRule.rule("attention_bias")], commute=True),
+    RuleInfo("attention_bias_one", "MultiHeadAttention(q, mk + ck, v) or (q, k, mv + cv), the other without a "
+             "foldable bias -> that bias as an input", 6,
+             lambda: [att.AttentionBiasRule.rule("attention_bias_one", fold=f) for f in ("k", "v")], commute=True),
     RuleInfo("pack_qkv", "MultiHeadAttention(x Wq + bq, x Wk, x Wv) -> PackedMultiHeadAttention(x [Wq|Wk|Wv], "
-             "[bq|bk|bv])", 6, lambda: [pack.PackQkvRule.rule("pack_qkv", q_bias=b) for b in (True, False)],
+             "[bq|bk|bv])", 7, lambda: [pack.PackQkvRule.rule("pack_qkv", q_bias=b) for b in (True, False)],
              commute=True),
     RuleInfo("rms_norm", "RMSNormalization(x, g) (opset 23, last axis) -> RMSNorm", 1,
              lambda: [rms.RMSNormalizationRule.rule("rms_norm")]),

@@ -23,11 +23,33 @@ FLOAT = 1
 
 
 @pytest.fixture(scope="module")
-def fused_bert(tmp_path_factory):
+def bert_export(tmp_path_factory):
+    return models.export(models.build("bert-tiny"), tmp_path_factory.mktemp("export") / "bert.onnx")
+
+
+@pytest.fixture(scope="module")
+def fused_bert(tmp_path_factory, bert_export):
+    """Fused with the projections left unpacked: these tests check the tuner on MultiHeadAttention (the packed
+    op's tuning is test_packed_attention_is_tuned)."""
     tmp = tmp_path_factory.mktemp("tune")
-    src = models.export(models.build("bert-tiny"), tmp / "bert.onnx")
-    onnx.save(graph_rewrites.optimize(str(src)), tmp / "bert.opt.onnx")
+    onnx.save(graph_rewrites.optimize(str(bert_export), disable=["pack_qkv"]), tmp / "bert.opt.onnx")
     return tmp / "bert.opt.onnx"
+
+
+def test_packed_attention_is_tuned(bert_export, tmp_path):
+    """The default fusion packs Q/K/V: its PackedMultiHeadAttention nodes are problems with the unpacked op's
+    keys (head dim, alignment, S, B * N) from the packed shapes, their candidates run (under the
+    interpreter here), and a tuned config becomes a spec of the packed kernel."""
+    fused = tmp_path / "packed.onnx"
+    onnx.save(graph_rewrites.optimize(str(bert_export)), fused)
+    out = tune.tune(fused, [(1, 16)], out=tmp_path / "t.json", device="cpu", arch=90, max_candidates=2,
+                    budget_min=5, timer=scripted([1.0, 0.5]), ops=("PackedMultiHeadAttention",), log=lambda s: None)
+    (entry,) = json.loads(out.read_text())["entries"]
+    assert entry["op"] == "PackedMultiHeadAttention" and entry["problem"]["nodes"] == 2
+    assert entry["keys"] == [[32, 32], [1, 1], [9, 16], [2, 2]] and not entry["builtin"]
+    op = BY_NAME["PackedMultiHeadAttention"]
+    spec = op.tuning.spec("float", tuple(map(tuple, entry["keys"])), entry["config"])
+    assert spec.constexprs["PACKED"] is True and spec.constexprs["BLOCK_M"] == entry["config"]["BLOCK_M"]
 
 
 def scripted(times):
