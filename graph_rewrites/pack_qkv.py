@@ -49,8 +49,8 @@ class PackQkvRule(pattern.RewriteRuleClassBase):
             if len(m.uses()) > 1 or m.is_graph_output():
                 return result.fail(f"projection {m.name} is also read outside the attention", m)
         weights = [_constant(w) for w in (wq, wk, wv)]
-        for w, name in zip((wq, wk, wv), "QKV"):
-            if _constant(w) is None:
+        for value, w, name in zip(weights, (wq, wk, wv), "QKV"):
+            if value is None:
                 return result.fail(f"the {name} projection's weight {w.name} is not a constant", w)
         shapes = {w.shape for w in weights}
         if len(shapes) != 1 or len(weights[0].shape) != 2 or len({w.dtype for w in weights}) != 1:

@@ -167,14 +167,9 @@ def attention(q, k, v, key_bias, num_heads, scale, *, k_bias=None, v_bias=None, 
     if k.dim() != 3 or k.shape[0] != b or k.shape[2] != hidden:
         raise ValueError(f"attention: k must be [B={b}, Skv, {hidden}], got {list(k.shape)}")
     skv = k.shape[1]
-    for name, t, shape in (("k", k, (b, skv, hidden)), ("v", v, (b, skv, hidden)),
-                           ("key_bias", key_bias, (b, skv)), ("out", out, (b, sq, hidden)),
-                           ("k_bias", k_bias, (hidden,)), ("v_bias", v_bias, (hidden,))):
-        if t is not None and (tuple(t.shape) != shape or t.dtype != q.dtype or t.device != q.device):
-            raise ValueError(f"attention: {name} must be {q.dtype} of shape {list(shape)} on {q.device}, got "
-                             f"{t.dtype} {list(t.shape)} on {t.device}")
-    if out is not None and not out.is_contiguous():
-        raise ValueError("attention: out must be contiguous")
+    _check_like("attention", q, (("k", k, (b, skv, hidden)), ("v", v, (b, skv, hidden)),
+                                 ("key_bias", key_bias, (b, skv)), ("out", out, (b, sq, hidden)),
+                                 ("k_bias", k_bias, (hidden,)), ("v_bias", v_bias, (hidden,))), out)
     q, k, v, key_bias = q.contiguous(), k.contiguous(), v.contiguous(), key_bias.contiguous()
     v_bias = torch.zeros(hidden, dtype=q.dtype, device=q.device) if v_bias is None else v_bias.contiguous()
     y = out if out is not None else torch.empty_like(q)
@@ -187,12 +182,8 @@ def packed_attention(qkv, key_bias, bias, num_heads, scale, *, out=None, config:
     K's and V's; K's is checked but not read, it cancels). `out` and `config` as for `attention`."""
     b, s, packed, d = _check_heads("packed_attention", "qkv [B, S, 3*N*D]", qkv, num_heads, parts=3)
     hidden = packed // 3
-    for name, t, shape in (("key_bias", key_bias, (b, s)), ("bias", bias, (packed,)), ("out", out, (b, s, hidden))):
-        if t is not None and (tuple(t.shape) != shape or t.dtype != qkv.dtype or t.device != qkv.device):
-            raise ValueError(f"packed_attention: {name} must be {qkv.dtype} of shape {list(shape)} on {qkv.device}, "
-                             f"got {t.dtype} {list(t.shape)} on {t.device}")
-    if out is not None and not out.is_contiguous():
-        raise ValueError("packed_attention: out must be contiguous")
+    _check_like("packed_attention", qkv, (("key_bias", key_bias, (b, s)), ("bias", bias, (packed,)),
+                                          ("out", out, (b, s, hidden))), out)
     qkv, key_bias, bias = qkv.contiguous(), key_bias.contiguous(), bias.contiguous()
     y = out if out is not None else qkv.new_empty((b, s, hidden))
     # K and V start hidden and 2 * hidden elements into each row (views: the kernel reads only data_ptr)
@@ -219,6 +210,16 @@ def _check_heads(fn: str, what: str, x, num_heads, parts: int = 1) -> tuple[int,
         raise ValueError(f"{fn}: head dim {d} (hidden {width // parts} / {num_heads} heads) not supported "
                          f"(head dims {', '.join(map(str, HEAD_DIMS))})")
     return b, s, width, d
+
+
+def _check_like(fn: str, ref, named, out) -> None:
+    """Each (name, tensor or None, shape) must be ref's dtype and device at that shape; out contiguous."""
+    for name, t, shape in named:
+        if t is not None and (tuple(t.shape) != shape or t.dtype != ref.dtype or t.device != ref.device):
+            raise ValueError(f"{fn}: {name} must be {ref.dtype} of shape {list(shape)} on {ref.device}, got "
+                             f"{t.dtype} {list(t.shape)} on {t.device}")
+    if out is not None and not out.is_contiguous():
+        raise ValueError(f"{fn}: out must be contiguous")
 
 
 def _launch(q, k, v, key_bias, q_bias, v_bias, y, num_heads, sq, skv, scale, d, config, *, packed: bool):

@@ -49,8 +49,9 @@ def _body(opset: int) -> list[onnx.NodeProto]:
 
 # ---- tuning: the dispatch keys and kernel are MultiHeadAttention's, from the packed shapes --------------
 def _tune_keys(type_name: str, shapes: list, attrs: dict, n_outputs: int = 1) -> tuple[int, ...]:
-    (b, s, packed), heads = shapes[0], int(attrs["num_heads"])
-    return (packed // (3 * heads), int(s % 16 == 0), s, b * heads)
+    """MultiHeadAttention's keys for the Q and K that QKV [B, S, 3*H] holds ([B, S, H] each)."""
+    b, s, packed = shapes[0]
+    return mha.TUNING.keys(type_name, [[b, s, packed // 3]] * 2, attrs, n_outputs)
 
 
 def _tune_runner(type_name: str, shapes: list, attrs: dict, keys: tuple, config: dict, device: str):
