@@ -37,6 +37,19 @@ def test_large_magnitudes_saturate_without_nan():
         torch.testing.assert_close(y, torch.tensor([[0.0, 0.0, 0.0, 30.0, 1e4]]), rtol=1e-6, atol=1e-6)
 
 
+def test_erf_form_keeps_the_negative_tail():
+    """gelu(s) for s << 0 is tiny (s * erfc(-s / sqrt 2) / 2) but still a normal fp32 number: each element
+    must be right to a relative 1e-4, which 0.5 * s * (1 + erf(s / sqrt 2)) misses by cancelling (the
+    kernel goes through erfc, kernels/bias_gelu.py)."""
+    x = torch.linspace(-12.0, 8.0, 4001, dtype=torch.float32).reshape(1, -1)
+    y = bias_gelu(x.to(DEVICE), torch.zeros(x.shape[1], device=DEVICE)).double().cpu()
+    xd = x.double()
+    want = 0.5 * xd * torch.special.erfc(-xd / 2**0.5)
+    nonzero = want.abs() > 1e-30
+    rel = ((y - want).abs() / want.abs().clamp_min(1e-300))[nonzero]
+    assert rel.max().item() < 1e-4, (rel.max().item(), x[nonzero][rel.argmax()].item())
+
+
 def test_bad_bias_is_a_clear_error():
     with pytest.raises(ValueError, match="bias must be"):
         bias_gelu(torch.zeros(2, 8, device=DEVICE), torch.zeros(7, device=DEVICE))
