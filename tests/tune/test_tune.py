@@ -88,6 +88,27 @@ def test_table_entries(table, fused_bert):
     assert [e.builtin for e in entries] == [False, True]
 
 
+def test_screening_picks_finalists_and_the_final_decides(fused_bert, tmp_path):
+    """With a screen, every candidate gets a short timing, the built-in config and the FINALISTS fastest by
+    it a long one, and the long timings choose: here the screen's favourite (candidate 2) loses the final
+    to candidate 4, and candidate 3, slow in the screen, is never timed again."""
+    assert tune.FINALISTS == 4
+    final_runs = []
+
+    def final(fn):
+        fn()
+        final_runs.append(1)
+        return [1.0, 0.8, 0.6, 0.9, 0.95][len(final_runs) - 1]  # built-in, then candidates 2, 4, 5, 1
+
+    out = tune.tune(fused_bert, [(1, 16)], out=tmp_path / "t.json", device="cpu", arch=90, max_candidates=6,
+                    timer=final, screen=scripted([1.0, 0.9, 0.5, 0.95, 0.6, 0.7]), ops=("MultiHeadAttention",),
+                    log=lambda s: None)
+    (entry,) = json.loads(out.read_text())["entries"]
+    assert entry["timed"] == 6 and entry["finalists"] == 5 and len(final_runs) == 5
+    assert entry["config"] == MHA_TUNING.candidates("float", (32, 1, 16, 2), 90)[4]
+    assert entry["ms"] == 0.6 and entry["builtin_ms"] == 1.0 and not entry["builtin"]
+
+
 def test_budget_spent_keeps_builtin(fused_bert, tmp_path):
     out = tune.tune(fused_bert, [(1, 16)], out=tmp_path / "t.json", device="cpu", arch=90, budget_min=1e-9,
                     timer=scripted([]), ops=("MultiHeadAttention",), log=lambda s: None)
