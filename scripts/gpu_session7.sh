@@ -3,14 +3,7 @@
 # `source .ortgpu/activate.sh &&`): the library for sm_90, the packed-attention GPU tests, packed against
 # unpacked attention kernels, BERT-base packed/unpacked beside ORT's best, and a BERT tune with the
 # candidates compiled ahead. Each step is bounded so the call ends inside 10 minutes.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/ort_triton_out}
-mkdir -p "$OUT"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-export ORT_TRITON_CACHE=/tmp/ort_triton_cache ORT_INCLUDE_DIR=${ORT_INCLUDE_DIR:-$PWD/.ortinc}
-python3 -m ort_triton build --arch 90 -o build/lib 2>&1 | tail -1
-export ORT_TRITON_LIBRARY=$PWD/build/lib/libort_triton.so
+source "$(dirname "$0")/gpu_env.sh"
 timeout 120 python3 -m pytest -q -p no:cacheprovider -W ignore tests/gpu/test_attention_ort.py tests/gpu/test_bert_cuda.py \
   tests/ops/test_attention_kernel.py -k "packed or bert" 2>&1 | tail -2
 timeout 60 python3 scripts/packed_attention_micro.py 2>&1 | grep -v Warn | tee "$OUT/packed_attention_micro.jsonl"

@@ -3,15 +3,8 @@
 # `source .ortgpu/activate.sh &&`): the library for sm_90; the kernel tests of BiasGelu (GELU through erfc)
 # and the linear kernel on the GPU, the BERT CUDA tests; BiasGelu against its memory floor; BERT-base ours
 # against ORT's best configurations at every shape. Each step is bounded so the call ends inside 10 minutes.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/ort_triton_out}
-mkdir -p "$OUT"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-export ORT_TRITON_CACHE=/tmp/ort_triton_cache ORT_INCLUDE_DIR=${ORT_INCLUDE_DIR:-$PWD/.ortinc}
-python3 -m ort_triton build --arch 90 -o build/lib 2>&1 | tail -1
-export ORT_TRITON_LIBRARY=$PWD/build/lib/libort_triton.so
-timeout 150 python3 -m pytest -q -p no:cacheprovider -W ignore tests/ops/test_bias_gelu_kernel.py \
+source "$(dirname "$0")/gpu_env.sh"
+timeout 240 python3 -m pytest -q -p no:cacheprovider -W ignore tests/ops/test_bias_gelu_kernel.py \
   tests/ops/test_linear_kernel.py tests/gpu/test_bert_cuda.py 2>&1 | tail -2
 timeout 60 python3 scripts/bias_gelu_micro.py 2>&1 | grep -v Warn | tee "$OUT/bias_gelu_micro.jsonl"
 SHAPES=${SHAPES:-1x128,8x128,32x128,1x512,8x512,32x512,8x2048}
