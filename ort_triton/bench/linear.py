@@ -7,8 +7,9 @@ epilogue" (issue 3), decided per shape.
 
 Each runner's launches are replayed in a CUDA graph (triton.testing.do_bench_cudagraph, median), so small
 shapes time the kernels and not the Python launchers. The Triton column is the best of kernels/linear.py's
-CONFIGS at that shape (the config is in the JSON). The floor is max(2MNK / 989 TFLOP/s, bytes / 4.08 TB/s)
-(H200 dense fp16 and HBM; bytes = X, W and Y once).
+CONFIGS at that shape (the config is in the JSON); `triton_speedup` is cuBLAS + epilogue time over the Triton
+kernel's (above 1: the Triton kernel is faster; session 6's files call it triton_over_cublas). The floor is
+max(2MNK / 989 TFLOP/s, bytes / 4.08 TB/s) (H200 dense fp16 and HBM; bytes = X, W and Y once).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def _one(model, layer, m, k, n, epilogue) -> dict:
     floor = max(flops / PEAK_FLOPS, nbytes / PEAK_BYTES) * 1e3
     return dict(model=model, layer=layer, M=m, K=k, N=n, epilogue=epilogue, cublas_gemm_ms=gemm,
                 cublas_with_epilogue_ms=cublas, triton_ms=triton_ms, triton_config=cfg, floor_ms=floor,
-                triton_over_cublas=cublas / triton_ms, cublas_fraction_of_floor=floor / cublas,
+                triton_speedup=cublas / triton_ms, cublas_fraction_of_floor=floor / cublas,
                 triton_fraction_of_floor=floor / triton_ms)
 
 
@@ -107,7 +108,7 @@ def main(argv=None) -> None:
             rows.append(r)
             print(f"{model:9} {layer:40} {m:6} {k:5} {n:5} {r['cublas_gemm_ms'] * 1e3:7.1f}u "
                   f"{r['cublas_with_epilogue_ms'] * 1e3:7.1f}u {r['triton_ms'] * 1e3:7.1f}u "
-                  f"{r['triton_over_cublas']:7.2f} {r['floor_ms'] * 1e3:6.1f}u {r['triton_config']}", flush=True)
+                  f"{r['triton_speedup']:7.2f} {r['floor_ms'] * 1e3:6.1f}u {r['triton_config']}", flush=True)
     if "bert-base" in models:
         for m in ROWS["bert-base"]:
             r = _packed_qkv(m, 768, 768)

@@ -227,8 +227,7 @@ int ot_packed_attention_params(const ot_op *op, const ot_plan *plan, const ot_de
                                const double *attrs, void *storage, void **params) {
   (void)plan;
   const int64_t hidden = in[IN_QKV].dims[2] / 3;
-  /* bytes per element: fp32 or fp16/bf16 (the contract's types) */
-  const int64_t step = hidden * (in[IN_QKV].type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT ? 4 : 2);
+  const int64_t step = hidden * (int64_t)ot_element_size(in[IN_QKV].type); /* K's offset into a row, bytes */
   char *qkv = ptrs[IN_QKV], *bias = ptrs[IN_BIAS];
   void *const pointers[7] = {qkv, qkv + step, qkv + 2 * step, ptrs[IN_PACKED_KEY_BIAS], bias, bias + 2 * step,
                              ptrs[op->n_inputs]}; /* Y */

@@ -58,6 +58,16 @@ typedef struct {
 
 struct ot_op;
 
+/* Bytes per element of the contracts' tensor types (0 for any other: a contract lists its types). */
+static inline size_t ot_element_size(ONNXTensorElementDataType type) {
+  switch (type) {
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: return 4;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16:
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16: return 2;
+    default: return 0;
+  }
+}
+
 /* A tensor as the planner sees it: no data, so plans can be checked on a machine without a GPU. */
 typedef struct {
   int present;
