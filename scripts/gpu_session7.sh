@@ -10,15 +10,6 @@ timeout 60 python3 scripts/packed_attention_micro.py 2>&1 | grep -v Warn | tee "
 SHAPES=${SHAPES:-1x128,8x128,32x128,1x512,8x512,32x512,8x2048} timeout 240 bash scripts/gpu_bench_bert.sh pack 2>&1 | tail -52
 [ "${TUNE:-1}" = 1 ] || exit 0
 fused=build/tune_work/bert-base.fp16.opt.onnx
-mkdir -p build/tune_work
-[ -f "$fused" ] || python3 - "$fused" <<'PY'
-import copy, pathlib, sys
-import onnx
-import graph_rewrites
-from ort_triton import models
-out = pathlib.Path(sys.argv[1])
-src = models.export(copy.deepcopy(models.build("bert-base")).half(), out.with_name("bert-base.fp16.onnx"))
-onnx.save(graph_rewrites.optimize(str(src)), str(out))
-PY
+python3 scripts/fused_bert_fp16.py "$fused"
 timeout 150 python3 -m ort_triton tune "$fused" --shapes 1x128,8x512,8x2048 --budget-min "${TUNE_MIN:-1.5}" \
   -o "$OUT/bert.tuning.json" 2>&1 | grep -v -E "Warning|warn\(" | tail -8

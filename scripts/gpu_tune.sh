@@ -35,18 +35,7 @@ case "$MODEL" in
   bert-base)
     SHAPES=${SHAPES:-1x128,8x128,32x128,1x512,8x512,32x512,8x2048}
     fused=build/tune_work/bert-base.fp16.opt.onnx
-    mkdir -p build/tune_work
-    if [ ! -f "$fused" ]; then  # the export the bench makes (models.build is seeded), fused
-      python3 - "$fused" <<'EOF' || exit 1
-import copy, pathlib, sys
-import onnx
-import graph_rewrites
-from ort_triton import models
-out = pathlib.Path(sys.argv[1])
-src = models.export(copy.deepcopy(models.build("bert-base")).half(), out.with_name("bert-base.fp16.onnx"))
-onnx.save(graph_rewrites.optimize(str(src)), str(out))
-EOF
-    fi
+    python3 scripts/fused_bert_fp16.py "$fused" || exit 1  # the bench's export, fused (once)
     python3 -m ort_triton tune "$fused" --shapes "$SHAPES" --budget-min "$BUDGET_MIN" -o "$OUT/bert-base.tuning.json" \
       2>&1 | filter | tee "$OUT/tune_bert-base.txt"
     again "$fused" --shapes "$SHAPES" --budget-min "$BUDGET_MIN"

@@ -28,8 +28,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from ..contract import ANY, IO, Attr, Kernel, OpContract, Spec, Tuning, attr_ref
-from .tune_space import random_inputs, row_tuning
+from ..contract import IO, Attr, Kernel, OpContract, Spec, Tuning, attr_ref
+from .tune_space import random_inputs, row_spec, row_specs, row_tuning
 
 MAX_HIDDEN = 16384
 BLOCKS = (256, 1024, 2048, 4096, 8192, 16384)
@@ -66,30 +66,13 @@ def launch_config(block_h: int, has_res: bool = False, store_sum: bool = False) 
 
 
 def _spec(has_res: bool, keys: tuple[tuple[int, int], ...], rows: int, warps: int) -> Spec:
-    """The spec for the key ranges ((store_sum), (h_div16 lo, 1), (H lo, hi), (rows lo, hi)): BLOCK_H is the
-    block that holds H hi; h_div16 lo = 1 promises 16-byte aligned rows."""
-    store_sum, aligned, block = keys[0][0], keys[1][0], next(b for b in BLOCKS if b >= keys[2][1])
-    return Spec(
-        constexprs={"HAS_RES": int(has_res), "STORE_SUM": store_sum, "BLOCK_H": block, "ROWS": rows},
-        num_warps=warps,
-        keys=tuple(keys),
-        consts=(block, rows),
-        divisible_by_16=("X", "R", "W", "Y", "S") + (("H",) if aligned else ()),
-    )
+    """The spec for the key ranges (tune_space.row_spec's, from the first)."""
+    return row_spec(keys, 0, has_res=has_res, blocks=BLOCKS, rows=rows, warps=warps,
+                    pointers=("X", "R", "W", "Y", "S"))
 
 
 def _specs(has_res: bool) -> list[Spec]:
-    specs = []
-    # Aligned specs first: the native planner takes the first spec whose keys all fit.
-    for aligned in (1, 0):
-        for store_sum in ((0, 1) if has_res else (0,)):
-            lo = 1
-            for block in BLOCKS:
-                rows, warps = launch_config(block, has_res, bool(store_sum))
-                specs.append(_spec(has_res, ((store_sum, store_sum), (aligned, 1), (lo, block), (0, ANY)), rows,
-                                   warps))
-                lo = block + 1
-    return specs
+    return row_specs((), has_res, BLOCKS, launch_config, _spec)
 
 
 # ---- tuning (ort-triton tune): (ROWS, num_warps) per exact H and power-of-two row bucket --------------

@@ -3,7 +3,7 @@ random inputs its timing runs on."""
 
 from __future__ import annotations
 
-from ..contract import Tuning, pow2_bucket
+from ..contract import ANY, Spec, Tuning, pow2_bucket
 
 
 def tile_candidates(builtin: dict, block_ms, block_ns, warps=(4, 8), stages=(2, 3)) -> list[dict]:
@@ -32,6 +32,34 @@ def random_inputs(type_name: str, shapes: list, device: str, n_random: int = 3):
 ROW_COUNTS = (1, 2, 4, 8)
 ROW_WARPS = (1, 2, 4, 8, 16)
 ROW_MAX_ELEMENTS = 32768  # ROWS * BLOCK_H held in registers: past this the kernel spills
+
+
+def row_spec(keys, at: int, *, has_res: bool, blocks, rows: int, warps: int, pointers: tuple[str, ...]) -> Spec:
+    """The spec of a row-wise op for its key ranges: the op's own exact keys, then from index `at`
+    (store_sum), (h_div16 lo, 1), (H lo, hi), (rows lo, hi). BLOCK_H is the block that holds H hi; h_div16
+    lo = 1 promises 16-byte aligned rows (H divisible by 16, besides the pointers)."""
+    store_sum, aligned = keys[at][0], keys[at + 1][0]
+    block = next(b for b in blocks if b >= keys[at + 2][1])
+    return Spec(constexprs={"HAS_RES": int(has_res), "STORE_SUM": store_sum, "BLOCK_H": block, "ROWS": rows},
+                num_warps=warps, keys=tuple(keys), consts=(block, rows),
+                divisible_by_16=pointers + (("H",) if aligned else ()))
+
+
+def row_specs(prefix: tuple, has_res: bool, blocks, launch_config, make_spec) -> list[Spec]:
+    """The built-in specs of a row-wise op: per alignment and store_sum, one per block size over the H
+    range it covers, every row count. Aligned specs first: the native planner takes the first spec whose
+    keys all fit. prefix: the op's exact key ranges ahead of store_sum; make_spec(has_res, keys, ROWS,
+    num_warps) -> Spec."""
+    specs = []
+    for aligned in (1, 0):
+        for store_sum in ((0, 1) if has_res else (0,)):
+            lo = 1
+            for block in blocks:
+                rows, warps = launch_config(block, has_res, bool(store_sum))
+                specs.append(make_spec(has_res, (*prefix, (store_sum, store_sum), (aligned, 1), (lo, block), (0, ANY)),
+                                       rows, warps))
+                lo = block + 1
+    return specs
 
 
 def row_candidates(builtin: tuple[int, int], block_h: int) -> list[dict]:
