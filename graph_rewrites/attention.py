@@ -230,9 +230,12 @@ class DecomposedAttentionRule(_AttentionRule):
                                     perm=[0, 2, 1]),
                        unflat_shape, _allow_other_attributes=True, _outputs=["k_unflat"]),
         ])
-        qk = op.MatMul(pattern.OrValue([op.Mul(q4, q_scale), q4]), pattern.OrValue([op.Mul(kt, k_scale), kt]))
-        scores = pattern.OrValue([op.Mul(qk, s_mul), op.Div(qk, s_div), qk])
-        logits = pattern.OrValue([op.Add(scores, mask), op.Where(keep, scores, fill), scores])
+        # Mul and Add in either operand order (exporters write Add(mask, scores) as often as the other), as
+        # alternatives here rather than the registry's commute, which would copy the whole pattern per node
+        qk = op.MatMul(pattern.OrValue([op.Mul(q4, q_scale), op.Mul(q_scale, q4), q4]),
+                       pattern.OrValue([op.Mul(kt, k_scale), op.Mul(k_scale, kt), kt]))
+        scores = pattern.OrValue([op.Mul(qk, s_mul), op.Mul(s_mul, qk), op.Div(qk, s_div), qk])
+        logits = pattern.OrValue([op.Add(scores, mask), op.Add(mask, scores), op.Where(keep, scores, fill), scores])
         probs = op.Softmax(logits, _allow_other_attributes=True, _outputs=["probs"])
         guarded = pattern.OrValue([op.Where(op.IsNaN(probs), nan_zero, probs), probs])
         # softmax(dtype=float32).to(dtype), on a float32 model: Casts to the type it has (checked)

@@ -205,8 +205,11 @@ class CausalAttentionRule(_CausalRule):
         ])
         qk = op.MatMul(pattern.OrValue([op.Mul(q, q_scale), q]), pattern.OrValue([op.Mul(kt, k_scale), kt]),
                        _outputs=["qk"])
-        scores = pattern.OrValue([op.Mul(qk, s_mul), op.Div(qk, s_div), qk])
-        logits = pattern.OrValue([op.Add(scores, mask), op.Where(keep, scores, fill)])  # causal: a mask is needed
+        # the scale and the mask in either operand order (Q's own Mul keeps one: Q is a free variable here, so
+        # Mul(c, Q) would bind Q to c and fail the check rather than try the other order)
+        scores = pattern.OrValue([op.Mul(qk, s_mul), op.Mul(s_mul, qk), op.Div(qk, s_div), qk])
+        logits = pattern.OrValue([op.Add(scores, mask), op.Add(mask, scores),
+                                  op.Where(keep, scores, fill)])  # causal: a mask is needed
         probs = op.Softmax(logits, _allow_other_attributes=True, _outputs=["probs"])
         guarded = pattern.OrValue([op.Where(op.IsNaN(probs), nan_zero, probs), probs])
         cast = op.Cast(guarded, _outputs=["cast"])

@@ -27,9 +27,9 @@ defects: float64, head dims 16/24/48, grouped-query heads, is_causal, softcap, p
 elsewhere, a finite additive mask (Where(keep, 0, finfo.min) or (1 - m) * finfo.min).
 A few draws of both run the whole pipeline, which must fuse the same.
 
-Findings (xfail(strict) tests at the end; the generators stay off them): commuted Add/Mul operands are not
-matched; K/V biases never fold without a mask; a shape-only mask is refused at a static batch > 1; float16
-Where(keep, scores, fill) changes fully padded rows.
+Findings (xfail(strict) tests at the end; the generators stay off them): a shape-only mask is refused at a
+static batch > 1; float16 Where(keep, scores, fill) changes fully padded rows. (Fixed, with tests that now
+pass: commuted Add/Mul operands; K/V biases that did not fold without a mask.)
 """
 
 import math
@@ -302,7 +302,7 @@ def decomposed_params(draw, defect=None, dtype=None):
              split=draw(st.sampled_from(["nd", "neg_n", "neg_d", "shape"])),
              k_form=draw(st.sampled_from(["direct", "double", "flat"])),
              scale=draw(st.sampled_from(["div", "mul", "qk", "none"])),
-             scale_value=draw(_scale_values(dtype)),
+             scale_value=draw(_scale_values(dtype)), swap_scale=draw(st.booleans()), swap_add=draw(st.booleans()),
              mask=draw(st.sampled_from(["none", "sub_mul", "hf_where", "where", "keep_all"])),
              mask_as=draw(st.sampled_from(["add", "select"])), expand=draw(st.booleans()),
              fill=draw(st.sampled_from(FILLS)), guard=draw(st.booleans()), cast_probs=draw(st.booleans()),
@@ -704,12 +704,12 @@ def _optimize_checked(p, builder=decomposed_model):
     return out, rep
 
 
-@_finding("the attention rule is registered without commute=True: a mask added as Add(mask, scores), a scale "
-          "as Mul(c, scores) or Mul(c, Q) does not match, and the report lists no refusal (only best_partial)")
 @pytest.mark.parametrize("overrides", [dict(swap_add=True), dict(swap_add=True, mask="sub_mul"),
                                        dict(swap_scale=True), dict(swap_scale=True, scale="qk")],
                          ids=["mask_add", "mask_sub_mul", "scale_mul", "scale_qk"])
 def test_commuted_operands_fuse(overrides):
+    """Once a finding (the rule matched Add(scores, mask) and Mul(x, c) only): Add(mask, scores), Mul(c, scores)
+    and Mul(c, Q) fuse, with the original's result."""
     _, rep = _optimize_checked(params(**overrides))
     assert rep.rules["attention"].matched == 1, (rep.rules["attention"].best_partial, _refusals(rep))
 

@@ -25,8 +25,8 @@ axis 1 (an interleaved repeat, not repeat_kv); a fill that does not swamp the sc
 in float32, -3e4 in float16) or does not drop keys (-1000); a -inf fill without the guard; a scale that
 is a graph input; a softmax over the query axis; a Cast to another type and back after the softmax;
 ONNX Attention with is_causal=1, a finite additive mask, or Nkv < Nq heads not repeated.
-Known gaps, xfail(strict=True): Mul(scale, scores) and Add(mask, scores) (the rule is registered without
-`commute`); a sliding window wider than the sizes causal_mask.py samples (T <= 16) is taken as causal.
+Once findings, fixed and tested: Mul(scale, scores) and Add(mask, scores) were not matched; a sliding window
+wider than the sizes causal_mask.py samples (T <= 16) was taken as causal (now refused by its long decode step).
 
 gemm_reshape (graph_rewrites/gemm.py): x [lead..., K] (lead of rank 1-3, sizes 1..4, static or named;
 or [lead..., 2, K/2]) -> Reshape [-1, K] (constant, or computed from Shape(x)) -> Gemm -> Reshape to
@@ -502,14 +502,10 @@ def test_causal_non_claims_are_refused_and_equal(kind, data):
     assert refusals and (reason is None or any(reason in r for r in refusals)), (c, reason, refusals)
 
 
-@pytest.mark.parametrize("kwargs", [
-    pytest.param(dict(scale="mul_first"), marks=pytest.mark.xfail(strict=True, reason=(
-        "Mul(scale, scores) is not matched: causal_attention is registered without commute (registry.py), so "
-        "only Mul(scores, scale) is; the docstring claims 'a Mul or Div of the scores'"))),
-    pytest.param(dict(add_first=True), marks=pytest.mark.xfail(strict=True, reason=(
-        "Add(mask, scores) is not matched (no commute): the docstring says the mask 'is added'"))),
-])
+@pytest.mark.parametrize("kwargs", [dict(scale="mul_first"), dict(add_first=True)], ids=["mul_first", "add_first"])
 def test_commuted_scale_and_mask_operands_are_fused(kwargs):
+    """Once a finding (Mul(scores, scale) and Add(scores, mask) only): Mul(scale, scores) and Add(mask,
+    scores) fuse too."""
     c = Causal(**kwargs)
     rng = np.random.default_rng(1)
     out, rep, fused = _check_causal(c, [_causal_feeds(c, 2, 4, 3, [0, 4], rng)], [[0, 4]])
