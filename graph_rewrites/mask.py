@@ -141,7 +141,7 @@ def _prove(model: ir.Model, mask: ir.Value) -> KeyPadding | str:
             (value,) = session.run(None, feeds)
         except Exception as e:  # noqa: BLE001
             return f"the mask could not be evaluated on ORT CPU: {str(e).splitlines()[0]}"
-        verdict = _compare(value, feeds[source.name] != 0 if source is not None else None, batch)
+        verdict = _compare(value, feeds[source.name] != 0 if source is not None else None)
         if isinstance(verdict, str):
             return verdict if source is not None else f"{verdict} (it reads no input's values: it must keep every key)"
         verdicts.add(verdict)
@@ -228,13 +228,15 @@ def _feeds(rng, inputs: dict[ir.Value, bool], source: ir.Value | None, batch: in
     return feeds
 
 
-def _compare(mask: np.ndarray, keep: np.ndarray | None, batch: int) -> tuple[float | None, bool] | str:
+def _compare(mask: np.ndarray, keep: np.ndarray | None) -> tuple[float | None, bool] | str:
     """If mask[b, h, q, k] means keep[b, k] everywhere (keep None: every key kept): (the fill of an additive
     mask that drops keys, else None; whether it has a query axis). Else why not."""
     if mask.ndim > 4:
         return f"the mask has rank {mask.ndim}, more than [B, heads, q, k]"
     mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
-    keep = np.ones((batch, mask.shape[3]), bool) if keep is None else keep
+    if keep is None:  # it reads no input's values, so it must keep every key: of its own batch, which is the
+        # inputs' static batch where they have one (not the sampled size), and which the scores broadcast with
+        keep = np.ones((mask.shape[0], mask.shape[3]), bool)
     batch, seq = keep.shape
     # broadcast against scores [B, N, Sq, Skv] it must not widen them: its heads axis 1, its query axis
     # 1 or as long as the keys (self-attention)

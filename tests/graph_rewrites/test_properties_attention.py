@@ -27,9 +27,9 @@ defects: float64, head dims 16/24/48, grouped-query heads, is_causal, softcap, p
 elsewhere, a finite additive mask (Where(keep, 0, finfo.min) or (1 - m) * finfo.min).
 A few draws of both run the whole pipeline, which must fuse the same.
 
-Findings (xfail(strict) tests at the end; the generators stay off them): a shape-only mask is refused at a
-static batch > 1; float16 Where(keep, scores, fill) changes fully padded rows. (Fixed, with tests that now
-pass: commuted Add/Mul operands; K/V biases that did not fold without a mask.)
+Finding (an xfail(strict) test at the end; the generators stay off it): float16 Where(keep, scores, fill)
+changes fully padded rows. (Fixed, with tests that now pass: commuted Add/Mul operands; K/V biases that did
+not fold without a mask; a shape-only mask refused at a static batch > 1.)
 """
 
 import math
@@ -341,8 +341,6 @@ def _avoid_findings(p):
     """Keep the generators off the known findings (each has its xfail test below)."""
     if p["dtype"] == "float16" and _fp16_select_fill(p):
         p["padded_row"] = False  # a changed result there: test_fp16_select_fill_on_a_fully_padded_row
-    if p["mask"] == "keep_all" and p["static"]:
-        p["batch"] = 1  # refused at batch > 1: test_static_shape_mask_that_keeps_every_key
     return p
 
 
@@ -723,14 +721,13 @@ def test_projection_biases_fold_without_a_mask(mask):
     assert rep.rules["attention_bias"].matched == 1, _refusals(rep)
 
 
-@_finding("mask.py proves a mask that reads no input's values (ViT's) against its sample batch sizes (3, 4, 2), "
-          "not the input's static batch: refused at a static batch > 1 ('the mask has shape [2, 1, 5, 5] for an "
-          "attention mask of [3, 5]')")
 @pytest.mark.parametrize("builder, overrides", [
     (decomposed_model, {}),
     (onnx_attention_model, dict(four_d=True, kv_heads=2, leak=False, is_causal=False, softcap=False, present=False,
                                 biases=(True, True)))], ids=["decomposed", "onnx"])
 def test_static_shape_mask_that_keeps_every_key(builder, overrides):
+    """Once a finding (a mask that reads no input's values was compared at the sampled batch sizes, not the
+    inputs' static batch, and refused at a static batch > 1): it fuses."""
     _, rep = _optimize_checked(params(mask="keep_all", static=True, batch=2, **overrides), builder)
     assert rep.ops_after[MHA] == 1, _refusals(rep)
 
