@@ -11,8 +11,9 @@ are timed again with long ones (REP_MS), and only those long timings decide. A c
 built-in config only when it is faster by more than NOISE: a second run on an idle GPU then picks the same
 configs (within noise), and a tuned library is never slower than the built-in one by the tuner's own
 measure. A config that fails to compile or to launch (out of shared memory or registers) is skipped and
-listed with the reason. The budget is checked before each timing: problems it does not reach keep the
-built-in configs and are listed as not tuned.
+listed with the reason. The budget is checked before each first-round timing: problems it does not reach
+keep the built-in configs and are listed as not tuned. A problem's final (at most FINALISTS + 1 long timings,
+~3 s on the GPU) runs once its screen is done, so the budget can overrun by one final.
 
 Compiling: on the GPU every candidate is compiled ahead, by a pool of spawned workers that warm Triton's disk
 cache (ort_triton/tune_compile.py), so the budget goes to timing rather than to serial JIT compiles. That

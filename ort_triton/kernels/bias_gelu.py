@@ -35,7 +35,8 @@ def gelu(s, TANH: tl.constexpr):
 
     The erf form goes through erfc: with c = erfc(|s| / sqrt(2)), 1 + erf(s / sqrt(2)) is 2 - c for s >= 0
     and c for s < 0. Why not libdevice's erff: on the H200 it made BiasGelu compute-bound, 73 us at
-    16384 x 3072 fp16 against 51 us for the bias add alone (bench/results/session8/bias_gelu_micro.jsonl);
+    16384 x 3072 fp16 against 51 us for the bias add alone, 68 us through erfc
+    (bench/results/session8/bias_gelu_micro_*.jsonl);
     and 1 + erf(x) cancels for x << 0, so the old form lost every digit of gelu's negative tail (relative
     error 1.1 at s = -5.6 in fp32), where this one keeps 2e-6 for |s| < 4 and 2e-5 out to s = -13."""
     if TANH:
