@@ -1,6 +1,7 @@
 # Sourced by the session GPU scripts (scripts/gpu_session*.sh): the repo root, $OUT, the environment the
 # device's Python needs (PYTHONPATH appended to, never replaced: .ortgpu/activate.sh puts onnxruntime-gpu
-# on it), and the library built for sm_90 into build/lib and exported as ORT_TRITON_LIBRARY.
+# on it), the library built for sm_90 into build/lib and exported as ORT_TRITON_LIBRARY, and `filter`, which
+# drops the exporters' and ORT's warning lines from a step's output.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-/tmp/ort_triton_out}
@@ -9,3 +10,4 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export ORT_TRITON_CACHE=/tmp/ort_triton_cache ORT_INCLUDE_DIR=${ORT_INCLUDE_DIR:-$PWD/.ortinc}
 python3 -m ort_triton build --arch 90 -o build/lib 2>&1 | tail -1
 export ORT_TRITON_LIBRARY=$PWD/build/lib/libort_triton.so
+filter() { grep --line-buffered -v -E "Warning|warn\(|torchvision|^\s+(return|rename_mapping)|broadcast between"; }

@@ -7,7 +7,6 @@ TABLE=${TABLE:-bench/results/session9/bert-base.tuning.json}
 timeout 120 python3 -m ort_triton build --arch 90 --tuning "$TABLE" -o build/lib_tuned -q || exit 1
 export ORT_TRITON_TUNED_LIBRARY=$PWD/build/lib_tuned/libort_triton.so
 SHAPES=${SHAPES:-1x128,8x128,32x128,1x512,8x512,32x512,8x2048}
-filter() { grep --line-buffered -v -E "Warning|warn\(|torchvision|^\s+(return|rename_mapping)|broadcast between"; }
 timeout 200 python3 -m ort_triton.bench.ab --hf-config bert-base --a ort_triton_cuda_graph --b ort_triton_cuda_graph \
   --shapes "$SHAPES" --json "$OUT/ab_bert-base_default_vs_default.json" 2>&1 | filter | tail -10
 timeout 220 python3 -m ort_triton.bench.ab --hf-config bert-base --a ort_triton_cuda_graph --b ort_triton_tuned_cuda_graph \

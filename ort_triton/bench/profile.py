@@ -64,21 +64,14 @@ def trace(run, iters: int) -> dict:
 
 
 def wall_us(run, iters: int) -> float:
-    """Median wall time of one call of `run` in us, CUDA events around each call, without the profiler
-    (whose CUPTI callbacks slow the host side)."""
+    """Median wall time of one call of `run` in us (the bench's CUDA-event clock), without the profiler, whose
+    CUPTI callbacks slow the host side."""
     import statistics
 
-    import torch
+    from .harness import Clock
 
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
+    clock = Clock("cuda")
+    return statistics.median(clock.time(run) for _ in range(iters)) * 1e3
 
 
 def profile_runtime(rt, model, shape, inputs, iters: int) -> dict:
