@@ -7,7 +7,8 @@
 #   device run, carry [".ortgpu", ".ortinc"]:  source .ortgpu/activate.sh && bash scripts/gpu_check.sh
 # Environment: PYTEST_PATHS (default tests/gpu tests/ops), PYTEST_ARGS (more pytest arguments), BENCH_ARGS
 # (for the LayerNorm benchmark), LN_CANDIDATES (below), SWEEPS=1 (also the launch-config sweeps behind
-# ops/layer_norm.py and ops/attention.py), BENCH=0 (skip the benchmarks), SANITIZE=1 (compute-sanitizer; SANITIZE_TESTS).
+# ops/layer_norm.py and ops/attention.py), BENCH=0 (skip the benchmarks), ATTENTION_BENCH=0 (only the
+# LayerNorm one), SANITIZE=1 (compute-sanitizer; SANITIZE_TESTS).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/ort_triton_out}
@@ -45,7 +46,8 @@ if [ "${SWEEPS:-0}" = 1 ]; then
   done
 fi
 [ "${BENCH:-1}" = 1 ] || exit 0
-python3 -m ort_triton.bench.attention --json "$RES/attention_bench.json" 2>&1 | tee "$RES/attention_bench.txt"
+[ "${ATTENTION_BENCH:-1}" = 1 ] &&
+  python3 -m ort_triton.bench.attention --json "$RES/attention_bench.json" 2>&1 | tee "$RES/attention_bench.txt"
 # LN_CANDIDATES="a={json};b={json}": one more library per candidate launch table (ops/layer_norm.py,
 # ORT_TRITON_LAYER_NORM_LAUNCH), timed beside the default in the same chains.
 libs=(--library "$ORT_TRITON_LIBRARY")

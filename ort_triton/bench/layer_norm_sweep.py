@@ -1,5 +1,7 @@
 """Sweep the LayerNorm kernel's launch configuration (rows per program, warps) per hidden size on the GPU:
-the evidence behind ort_triton.ops.layer_norm.launch_config.
+the evidence behind ort_triton.ops.layer_norm.launch_config. A size in THIRDS is swept in both layouts,
+its own (three blocks, rows `layout=thirds`) and the one power-of-two block with the tail masked
+(`layout=block`), so the table can say what the layout buys.
 
     python -m ort_triton.bench.layer_norm_sweep --rows 65536 --hidden 768,1024,4096,8192 --json OUT.json
 
@@ -14,7 +16,8 @@ import argparse
 import functools
 import json
 
-from ..ops.layer_norm import BLOCKS, launch_config
+from ..ops.layer_norm import BLOCKS, launch_config, layout
+from ..ops.tune_space import layout_width
 
 
 def main(argv=None) -> None:
@@ -27,12 +30,15 @@ def main(argv=None) -> None:
     p.add_argument("--rows", default="4096,65536")
     p.add_argument("--hidden", default="768,1024,4096,8192")
     p.add_argument("--modes", default="plain,residual,residual+sum")
+    p.add_argument("--rows-per-program", default="1,2,4,8,16", help="the ROWS values to try")
+    p.add_argument("--warps", default="1,2,4,8,16", help="the num_warps values to try")
     p.add_argument("--json", required=True)
     args = p.parse_args(argv)
     out = []
     for n in map(int, args.rows.split(",")):
         for h in map(int, args.hidden.split(",")):
-            block = next(b for b in BLOCKS if b >= h)
+            block = {"BLOCK_H": next(b for b in BLOCKS if b >= h), "CHUNKS": 1}
+            layouts = {"thirds": layout(h), "block": block} if layout(h)["CHUNKS"] != 1 else {"block": block}
             x = torch.randn(n, h, device="cuda", dtype=torch.float16)
             r = torch.randn_like(x)
             g, b, c = (torch.randn(h, device="cuda", dtype=x.dtype) for _ in range(3))
@@ -40,25 +46,28 @@ def main(argv=None) -> None:
                 if mode not in args.modes.split(","):
                     continue
                 skip = r if mode != "plain" else None
-                results = {}
-                for rows in (1, 2, 4, 8, 16):
-                    for warps in (1, 2, 4, 8, 16):
-                        if rows * block > 32768 or rows * block < 32 * warps:
-                            continue
-                        fn = functools.partial(layer_norm, x, g, b, skip, store_sum=mode == "residual+sum",
-                                               bias=c if skip is not None else None, config=(rows, warps))
-                        fn()  # compile outside the graph capture
-                        results[(rows, warps)] = triton.testing.do_bench_cudagraph(fn, rep=100,
-                                                                                   return_mode="median")
-                best = min(results, key=results.get)
-                cur = launch_config(block, mode != "plain", mode == "residual+sum")
-                gbs = functools.partial(lambda ms, nbytes: nbytes / ms / 1e6, nbytes=moved * x.numel() * 2)
-                print(f"{n:6} {h:5} {mode:13} best rows={best[0]:2} warps={best[1]:2} {results[best] * 1e3:8.2f} us "
-                      f"{gbs(results[best]):5.0f} GB/s | current {cur} {results.get(cur, float('nan')) * 1e3:8.2f} us",
-                      flush=True)
-                out.append(dict(rows=n, hidden=h, mode=mode, best=best, best_us=results[best] * 1e3,
-                                current=cur, current_us=results.get(cur, float("nan")) * 1e3,
-                                all={f"{k[0]}x{k[1]}": v * 1e3 for k, v in results.items()}))
+                for name, lay in layouts.items():
+                    width = layout_width(lay)
+                    results = {}
+                    for rows in map(int, args.rows_per_program.split(",")):
+                        for warps in map(int, args.warps.split(",")):
+                            if rows * width > 32768 or rows * lay["BLOCK_H"] < 32 * warps:
+                                continue
+                            fn = functools.partial(layer_norm, x, g, b, skip, store_sum=mode == "residual+sum",
+                                                   bias=c if skip is not None else None, config=(rows, warps),
+                                                   lay=lay)
+                            fn()  # compile outside the graph capture
+                            results[(rows, warps)] = triton.testing.do_bench_cudagraph(fn, rep=100,
+                                                                                       return_mode="median")
+                    best = min(results, key=results.get)
+                    cur = launch_config(width, mode != "plain", mode == "residual+sum")
+                    gbs = functools.partial(lambda ms, nbytes: nbytes / ms / 1e6, nbytes=moved * x.numel() * 2)
+                    print(f"{n:6} {h:5} {mode:13} layout={name:6} best rows={best[0]:2} warps={best[1]:2} "
+                          f"{results[best] * 1e3:8.2f} us {gbs(results[best]):5.0f} GB/s | current {cur} "
+                          f"{results.get(cur, float('nan')) * 1e3:8.2f} us", flush=True)
+                    out.append(dict(rows=n, hidden=h, mode=mode, layout=name, best=best, best_us=results[best] * 1e3,
+                                    current=cur, current_us=results.get(cur, float("nan")) * 1e3,
+                                    all={f"{k[0]}x{k[1]}": v * 1e3 for k, v in results.items()}))
     with open(args.json, "w") as fh:
         json.dump(out, fh, indent=1)
 

@@ -5,11 +5,13 @@
     var  = sum((s - mean)^2) / H                     (two-pass in registers: no cancellation)
     y    = (s - mean) * rsqrt(var + epsilon) * gamma + beta
 
-One program normalises ROWS rows of BLOCK_H >= H columns held in registers; reductions are in fp32
-whatever the element type (the kernel: ort_triton/kernels/layer_norm.py). The op is memory-bound
-(2-4 tensors of rows x H elements move), so blocks are sized to keep ~4096 elements per program in
-flight, and rows whose start is 16-byte aligned (H % 16 == 0) get a specialisation that lets Triton emit
-16-byte vector loads.
+One program normalises ROWS rows held in registers; reductions are in fp32 whatever the element type (the
+kernel: ort_triton/kernels/layer_norm.py). A row is one power-of-two block of BLOCK_H >= H columns, the
+tail masked, or, for H = 3 * 2^k in THIRDS (768: BERT-base, GPT-2; 1536; 3072), three full blocks of
+H / 3 (CHUNKS = 3): a 1024-wide block would leave a quarter of its lanes idle at H = 768. The op is
+memory-bound (2-4 tensors of rows x H elements move), so blocks are sized to keep ~4096 elements per
+program in flight, and rows whose start is 16-byte aligned (H % 16 == 0) get a specialisation that lets
+Triton emit 16-byte vector loads.
 """
 
 from __future__ import annotations
@@ -26,6 +28,14 @@ from .tune_space import random_inputs, row_spec, row_specs, row_tuning
 
 MAX_HIDDEN = 16384
 BLOCKS = (256, 1024, 2048, 4096, 8192, 16384)
+THIRDS = (768, 1536, 3072)  # hidden sizes laid out as three full blocks of H / 3
+
+
+def layout(h: int) -> dict:
+    """The layout constexprs for hidden size h: three blocks of h / 3 for h in THIRDS, else one block."""
+    if h in THIRDS:
+        return {"BLOCK_H": h // 3, "CHUNKS": 3}
+    return {"BLOCK_H": next(b for b in BLOCKS if b >= h), "CHUNKS": 1}
 
 
 KERNEL = Kernel(
@@ -38,6 +48,7 @@ KERNEL = Kernel(
     native_plan="ot_layer_norm_plan",
     native_params="ot_layer_norm_params",
     dispatch_keys=("has_beta", "store_sum", "h_div16", "H", "rows"),  # rows: only tuned specs narrow it
+    # (H: the THIRDS sizes have specs of their own, ahead of the block that would hold them)
 )
 
 
@@ -50,10 +61,13 @@ KERNEL = Kernel(
 # skip's loads a few at a time (SASS); 2x8 shares the [H] vectors between two rows: 0.93x -> 1.05-1.09x
 # ORT. With the sum at 1024 (H=768, 1024), 1x2 beat 1x4 at 4096 x 768 by 5% (0.945x -> 0.995x ORT) and
 # was within 2% elsewhere (layer_norm_h200_candidates_768.json). 256/2048/16384 are interpolated.
-_LAUNCH = {  # block: (plain, residual, residual+sum)
+_LAUNCH = {  # width (a block, or an H in THIRDS): (plain, residual, residual+sum)
     256: ((8, 2), (8, 4), (8, 4)),
+    768: ((2, 2), (2, 2), (1, 1)),
     1024: ((2, 2), (2, 4), (1, 2)),
+    1536: ((1, 2), (1, 2), (1, 2)),
     2048: ((1, 2), (1, 4), (1, 4)),
+    3072: ((2, 4), (2, 8), (2, 8)),
     4096: ((2, 4), (2, 16), (2, 16)),
     8192: ((1, 4), (2, 8), (1, 4)),
     16384: ((1, 8), (1, 16), (1, 16)),
@@ -77,25 +91,25 @@ def _launch_table() -> dict:
             for mode, (rows, warps) in entries.items():
                 table[int(block)][modes.index(mode)] = (int(rows), int(warps))
     except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{LAUNCH_ENV}={text!r}: expected JSON like "
-                         f'{{"8192": {{"residual": [4, 16]}}}} with blocks {BLOCKS} and modes {modes} ({e})') from e
+        raise ValueError(f"{LAUNCH_ENV}={text!r}: expected JSON like {{\"8192\": {{\"residual\": [4, 16]}}}} "
+                         f"with widths {sorted(_LAUNCH)} and modes {modes} ({e})") from e
     return table
 
 
-def launch_config(block_h: int, has_res: bool = False, store_sum: bool = False) -> tuple[int, int]:
-    """(ROWS, num_warps) for a block width and mode."""
-    return tuple(_launch_table()[block_h][(1 + int(store_sum)) if has_res else 0])
+def launch_config(width: int, has_res: bool = False, store_sum: bool = False) -> tuple[int, int]:
+    """(ROWS, num_warps) for a layout's width (a block, or an H in THIRDS) and mode."""
+    return tuple(_launch_table()[width][(1 + int(store_sum)) if has_res else 0])
 
 
 def _spec(has_res: bool, keys: tuple[tuple[int, int], ...], rows: int, warps: int) -> Spec:
     """The spec for the key ranges ((has_beta), then tune_space.row_spec's)."""
-    return row_spec(keys, 1, has_res=has_res, blocks=BLOCKS, rows=rows, warps=warps,
+    return row_spec(keys, 1, has_res=has_res, layout=layout, rows=rows, warps=warps,
                     pointers=("X", "R", "C", "W", "B", "Y", "S"))
 
 
 def _specs(has_res: bool) -> list[Spec]:
     # has_beta is always 1 (beta is a required input)
-    return row_specs(((1, 1),), has_res, BLOCKS, launch_config, _spec)
+    return row_specs(((1, 1),), has_res, BLOCKS, launch_config, _spec, exact=THIRDS)
 
 
 # ---- tuning (ort-triton tune): (ROWS, num_warps) per exact H and power-of-two row bucket --------------
@@ -116,7 +130,7 @@ def _tune_run(has_res: bool):
 
 
 def _tuning(has_res: bool) -> Tuning:
-    return row_tuning(prefix=(1,), has_res=has_res, blocks=BLOCKS, launch_config=launch_config, make_spec=_spec,
+    return row_tuning(prefix=(1,), has_res=has_res, layout=layout, launch_config=launch_config, make_spec=_spec,
                       run=_tune_run(has_res))  # prefix: has_beta, always 1 (beta is required)
 
 

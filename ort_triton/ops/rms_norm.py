@@ -29,10 +29,11 @@ import onnx
 from onnx import helper
 
 from ..contract import IO, Attr, Kernel, OpContract, Spec, Tuning, attr_ref
-from .tune_space import random_inputs, row_spec, row_specs, row_tuning
+from .tune_space import pow2_layout, random_inputs, row_spec, row_specs, row_tuning
 
 MAX_HIDDEN = 16384
 BLOCKS = (256, 1024, 2048, 4096, 8192, 16384)
+layout = pow2_layout(BLOCKS)  # H -> {"BLOCK_H": the smallest block that holds it}
 
 
 KERNEL = Kernel(
@@ -67,7 +68,7 @@ def launch_config(block_h: int, has_res: bool = False, store_sum: bool = False) 
 
 def _spec(has_res: bool, keys: tuple[tuple[int, int], ...], rows: int, warps: int) -> Spec:
     """The spec for the key ranges (tune_space.row_spec's, from the first)."""
-    return row_spec(keys, 0, has_res=has_res, blocks=BLOCKS, rows=rows, warps=warps,
+    return row_spec(keys, 0, has_res=has_res, layout=layout, rows=rows, warps=warps,
                     pointers=("X", "R", "W", "Y", "S"))
 
 
@@ -93,7 +94,7 @@ def _tune_run(has_res: bool):
 
 
 def _tuning(has_res: bool) -> Tuning:
-    return row_tuning(prefix=(), has_res=has_res, blocks=BLOCKS, launch_config=launch_config, make_spec=_spec,
+    return row_tuning(prefix=(), has_res=has_res, layout=layout, launch_config=launch_config, make_spec=_spec,
                       run=_tune_run(has_res))
 
 

@@ -34,31 +34,41 @@ ROW_WARPS = (1, 2, 4, 8, 16)
 ROW_MAX_ELEMENTS = 32768  # ROWS * BLOCK_H held in registers: past this the kernel spills
 
 
-def row_spec(keys, at: int, *, has_res: bool, blocks, rows: int, warps: int, pointers: tuple[str, ...]) -> Spec:
+def pow2_layout(blocks):
+    """The layout of a row-wise op with no layouts of its own: H in the smallest block that holds it."""
+    return lambda h: {"BLOCK_H": next(b for b in blocks if b >= h)}
+
+
+def layout_width(layout: dict) -> int:
+    """The columns a layout covers (BLOCK_H x CHUNKS): the key of an op's launch table."""
+    return layout["BLOCK_H"] * layout.get("CHUNKS", 1)
+
+
+def row_spec(keys, at: int, *, has_res: bool, layout, rows: int, warps: int, pointers: tuple[str, ...]) -> Spec:
     """The spec of a row-wise op for its key ranges: the op's own exact keys, then from index `at`
-    (store_sum), (h_div16 lo, 1), (H lo, hi), (rows lo, hi). BLOCK_H is the block that holds H hi; h_div16
-    lo = 1 promises 16-byte aligned rows (H divisible by 16, besides the pointers)."""
+    (store_sum), (h_div16 lo, 1), (H lo, hi), (rows lo, hi). layout(H hi) gives the layout constexprs
+    (BLOCK_H, and CHUNKS where the op has them); h_div16 lo = 1 promises 16-byte aligned rows (H divisible
+    by 16, besides the pointers)."""
     store_sum, aligned = keys[at][0], keys[at + 1][0]
-    block = next(b for b in blocks if b >= keys[at + 2][1])
-    return Spec(constexprs={"HAS_RES": int(has_res), "STORE_SUM": store_sum, "BLOCK_H": block, "ROWS": rows},
-                num_warps=warps, keys=tuple(keys), consts=(block, rows),
+    lay = layout(keys[at + 2][1])
+    return Spec(constexprs={"HAS_RES": int(has_res), "STORE_SUM": store_sum, **lay, "ROWS": rows},
+                num_warps=warps, keys=tuple(keys), consts=(lay["BLOCK_H"], rows),
                 divisible_by_16=pointers + (("H",) if aligned else ()))
 
 
-def row_specs(prefix: tuple, has_res: bool, blocks, launch_config, make_spec) -> list[Spec]:
-    """The built-in specs of a row-wise op: per alignment and store_sum, one per block size over the H
-    range it covers, every row count. Aligned specs first: the native planner takes the first spec whose
-    keys all fit. prefix: the op's exact key ranges ahead of store_sum; make_spec(has_res, keys, ROWS,
-    num_warps) -> Spec."""
-    specs = []
+def row_specs(prefix: tuple, has_res: bool, blocks, launch_config, make_spec, exact=()) -> list[Spec]:
+    """The built-in specs of a row-wise op: per alignment and store_sum, first one per H in `exact` (sizes
+    with a layout of their own, all multiples of 16), then one per block size over the H range it covers,
+    every row count. Exact and aligned specs first: the native planner takes the first spec whose keys all
+    fit. prefix: the op's exact key ranges ahead of store_sum; launch_config(width, has_res, store_sum) ->
+    (ROWS, num_warps), width a block or an exact H; make_spec(has_res, keys, ROWS, num_warps) -> Spec."""
+    specs, block_ranges = [], list(zip((1, *(b + 1 for b in blocks[:-1])), blocks))
     for aligned in (1, 0):
         for store_sum in ((0, 1) if has_res else (0,)):
-            lo = 1
-            for block in blocks:
-                rows, warps = launch_config(block, has_res, bool(store_sum))
-                specs.append(make_spec(has_res, (*prefix, (store_sum, store_sum), (aligned, 1), (lo, block), (0, ANY)),
+            for lo, hi in [(h, h) for h in exact if aligned] + block_ranges:
+                rows, warps = launch_config(hi, has_res, bool(store_sum))
+                specs.append(make_spec(has_res, (*prefix, (store_sum, store_sum), (aligned, 1), (lo, hi), (0, ANY)),
                                        rows, warps))
-                lo = block + 1
     return specs
 
 
@@ -77,11 +87,11 @@ def row_count(shape) -> int:
     return n
 
 
-def row_tuning(*, prefix: tuple[int, ...], has_res: bool, blocks, launch_config, make_spec, run) -> Tuning:
+def row_tuning(*, prefix: tuple[int, ...], has_res: bool, layout, launch_config, make_spec, run) -> Tuning:
     """The Tuning of a row-wise op whose dispatch keys are `prefix` (exact, LayerNorm's has_beta), then
     store_sum, h_div16, H and rows: a bucket is one exact H and a power-of-two row range.
-    make_spec(has_res, bucket, ROWS, num_warps) -> Spec; run(type, shapes, attrs, store_sum, (ROWS, num_warps),
-    device) -> the launch."""
+    layout(H) -> the layout constexprs; make_spec(has_res, bucket, ROWS, num_warps) -> Spec; run(type, shapes,
+    attrs, store_sum, (ROWS, num_warps), device) -> the launch."""
     at = len(prefix)  # where store_sum sits
 
     def keys(type_name, shapes, attrs, n_outputs=1):
@@ -93,8 +103,8 @@ def row_tuning(*, prefix: tuple[int, ...], has_res: bool, blocks, launch_config,
         return (*exact, (k[at], k[at]), (k[at + 1], 1), (k[at + 2], k[at + 2]), pow2_bucket(k[at + 3]))
 
     def candidates(type_name, k, arch):
-        block = next(b for b in blocks if b >= k[at + 2])
-        return row_candidates(launch_config(block, has_res, bool(k[at])), block)
+        width = layout_width(layout(k[at + 2]))
+        return row_candidates(launch_config(width, has_res, bool(k[at])), width)
 
     def spec(type_name, b, config):
         return make_spec(has_res, b, config["ROWS"], config["num_warps"])

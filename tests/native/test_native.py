@@ -72,6 +72,23 @@ def test_layer_norm_plan_picks_spec_by_alignment(lib, elem_type, h, aligned):
     assert arch == 90 and 1 <= gx <= 32 and (gy, gz) == (1, 1) and block % 32 == 0
 
 
+@pytest.mark.parametrize("op, n_outputs", [("LayerNorm", 1), ("AddLayerNorm", 1), ("AddLayerNorm", 2)])
+@pytest.mark.parametrize("h", [768, 1536, 3072])
+def test_thirds_sizes_pick_their_own_spec(lib, op, n_outputs, h):
+    """H = 3 * 2^k has a spec of its own (three full blocks), ahead of the block that would hold it."""
+    from ort_triton.ops import ADD_LAYER_NORM, LAYER_NORM
+
+    shapes = [[3, h], [h], [h]] if op == "LayerNorm" else [[3, h], [3, h], [h], [h], [h]]
+    rc, msg = plan(lib, op, shapes, n_outputs=n_outputs)
+    assert rc == 0, msg
+    kernel, ranges = first_spec(lib, op, FLOAT, [1, int(n_outputs == 2), 1, h, 3])
+    assert parse(msg)[0] == kernel and ranges[3] == (h, h)
+    contract = LAYER_NORM if op == "LayerNorm" else ADD_LAYER_NORM
+    spec = next(sp for sp in contract.specializations("float")
+                if sp.keys[3] == (h, h) and sp.keys[1] == tuple(ranges[1]))
+    assert spec.constexprs["CHUNKS"] == 3 and spec.constexprs["BLOCK_H"] * 3 == h
+
+
 def test_add_layer_norm_with_sum_output_picks_store_sum_spec(lib):
     rc, msg = plan(lib, "AddLayerNorm", [[2, 1024], [2, 1024], [1024], [1024], [1024]], n_outputs=2)
     assert rc == 0, msg

@@ -1,8 +1,8 @@
 """The LayerNorm kernel under Triton's interpreter on the CPU, against the float64 reference.
 
-Odd hidden sizes (not multiples of 16, below and above block edges), 1-D to 4-D inputs, all three dtypes,
-with and without the residual and the stored sum. Outputs are poisoned with NaN before each run, so an
-element the kernel forgets to write fails the check.
+Odd hidden sizes (not multiples of 16, below and above block edges) and the sizes laid out in three blocks
+(768, 1536, 3072), 1-D to 4-D inputs, all three dtypes, with and without the residual and the stored sum.
+Outputs are poisoned with NaN before each run, so an element the kernel forgets to write fails the check.
 """
 
 import os
@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from ort_triton.kernels.layer_norm import layer_norm
-from ort_triton.ops.layer_norm import reference_add_layer_norm, reference_layer_norm
+from ort_triton.ops.layer_norm import THIRDS, layout, reference_add_layer_norm, reference_layer_norm
 
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"  # conftest decides
 TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}
-SHAPES = [(7,), (3, 93), (2, 5, 64), (1, 1, 3, 257), (4, 1030), (2, 2049)]
+SHAPES = [(7,), (3, 93), (2, 5, 64), (1, 1, 3, 257), (4, 1030), (2, 2049), (5, 768), (2, 3, 1536), (3072,)]
 
 
 def _rand(shape, dtype, gen, scale=1.0, shift=0.0):
@@ -54,6 +54,27 @@ def test_matches_reference(dtype, shape, mode):
         _check("y", res[0] if sum_out is not None else res, want, dtype)
         if sum_out is not None:
             _check("sum", res[1], want_sum, dtype)
+
+
+@pytest.mark.parametrize("h", THIRDS)
+def test_thirds_layout_matches_one_block(h):
+    """H = 3 * 2^k runs as three full blocks; forcing the one-block layout (the tail masked) gives the same
+    fp32 result up to rounding, with the sum stored, over a row count that leaves the last program short."""
+    assert layout(h) == {"BLOCK_H": h // 3, "CHUNKS": 3}
+    gen = torch.Generator().manual_seed(h)
+    x, skip = _rand((5, h), torch.float32, gen, 2.0, 3.0), _rand((5, h), torch.float32, gen)
+    bias, gamma, beta = (_rand((h,), torch.float32, gen) for _ in range(3))
+    pow2 = {"BLOCK_H": 1 << (h - 1).bit_length(), "CHUNKS": 1}
+    y3, s3 = layer_norm(x, gamma, beta, skip, store_sum=True, bias=bias, config=(2, 1))
+    y1, s1 = layer_norm(x, gamma, beta, skip, store_sum=True, bias=bias, config=(2, 1), lay=pow2)
+    torch.testing.assert_close(s3, s1, rtol=0, atol=0)
+    torch.testing.assert_close(y3, y1, rtol=1e-6, atol=1e-6)
+
+
+def test_layout_that_does_not_fit_is_refused():
+    x = torch.zeros(2, 768, device=DEVICE)
+    with pytest.raises(ValueError, match="does not fit"):
+        layer_norm(x, x[0], x[0], lay={"BLOCK_H": 512, "CHUNKS": 1})
 
 
 def test_constant_row_gives_beta():
