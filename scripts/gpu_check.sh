@@ -57,5 +57,5 @@ for cand in "${cands[@]}"; do
   ORT_TRITON_LAYER_NORM_LAUNCH=${cand#*=} python3 -m ort_triton build --arch 90 -o "build/ln_$name" -q || exit 1
   libs+=(--library "$name=$PWD/build/ln_$name/libort_triton.so")
 done
-python3 -m ort_triton.bench.layer_norm "${libs[@]}" --json "$RES/layer_norm_bench.json" \
+timeout "${BENCH_TIMEOUT:-1200}" python3 -m ort_triton.bench.layer_norm "${libs[@]}" --json "$RES/layer_norm_bench.json" \
   ${BENCH_ARGS:-} 2>&1 | grep -v CleanUnusedInitializers | tee "$RES/layer_norm_bench.txt"

@@ -10,8 +10,9 @@ OUT=${OUT:-/tmp/ort_triton_out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 if [ "${SWEEP:-1}" = 1 ]; then
-  timeout 240 python3 -m ort_triton.bench.layer_norm_sweep --rows 4096,65536 --hidden "${SWEEP_HIDDEN:-768,1536,3072}" \
+  timeout 200 python3 -m ort_triton.bench.layer_norm_sweep --rows "${SWEEP_ROWS:-4096}" --hidden "${SWEEP_HIDDEN:-768,1536,3072}" \
     --rows-per-program 1,2,4 --warps 1,2,4,8 --json "$OUT/layer_norm_sweep.json" 2>&1 | grep layout=
 fi
 PYTEST_PATHS=${PYTEST_PATHS:-"tests/gpu/test_layer_norm_ort.py tests/ops/test_layer_norm_kernel.py tests/native"} \
-  ATTENTION_BENCH=0 BENCH_ARGS=${BENCH_ARGS:-"--hidden 768,1024,1536,3072,4096,8192"} bash scripts/gpu_check.sh
+  ATTENTION_BENCH=0 BENCH_TIMEOUT=${BENCH_TIMEOUT:-240} BENCH_ARGS=${BENCH_ARGS:-"--hidden 768,1024,1536,3072,4096,8192"} \
+  bash scripts/gpu_check.sh
