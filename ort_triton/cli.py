@@ -8,8 +8,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import pathlib
+import re
 import sys
 import tempfile
 
@@ -66,10 +68,28 @@ def _check_model(path: pathlib.Path):
 _PROTO_LIMIT = 2**31 - 2**26  # protobuf's 2 GiB, less headroom for the graph itself
 
 
-def save_atomic(model, out: pathlib.Path, external: bool = False) -> str | None:
+def _own_data_files(out: pathlib.Path) -> set[pathlib.Path]:
+    """The data files an earlier save_atomic to `out` wrote and the model now at `out` still names: only
+    those may be removed when it is replaced. A file `out` names under any other name is someone else's
+    (`out` may be a copy of the input, naming the input's weights), and a file that is not an ONNX model
+    names nothing."""
+    import onnx
+
+    if not out.is_file():
+        return set()
+    try:
+        named = _external_files(onnx.load(str(out), load_external_data=False))
+    except Exception:  # noqa: BLE001  (not a model: it is replaced whole, nothing else to clean up)
+        return set()
+    ours = re.compile(re.escape(out.name) + r"\.[0-9a-f]{8}\.data")
+    return {out.parent / f for f in named if ours.fullmatch(f)}
+
+
+def save_atomic(model, out: pathlib.Path, external: bool = False, keep=()) -> str | None:
     """Write next to the target, then rename: a crash leaves the old file or the new one, never half.
     With external=True, or past protobuf's 2 GiB, the weights go to a data file of a name unique to this
-    write, which the new model references and which lands before it; the previous one is removed after.
+    write, which the new model references and which lands before it; the previous one (a data file an
+    earlier save_atomic wrote for `out`) is removed after, unless it is in `keep` (the input's files).
     The model's tensors are moved out to the data file (the caller's model is consumed). Returns the data
     file's name, or None when everything went into `out`."""
     import uuid
@@ -80,8 +100,8 @@ def save_atomic(model, out: pathlib.Path, external: bool = False) -> str | None:
     out.parent.mkdir(parents=True, exist_ok=True)
     umask = os.umask(0)
     os.umask(umask)
-    old_data = {out.parent / f for f in _external_files(onnx.load(str(out), load_external_data=False))} \
-        if out.exists() else set()
+    kept = {pathlib.Path(os.path.realpath(k)) for k in keep}
+    old_data = {f for f in _own_data_files(out) if pathlib.Path(os.path.realpath(f)) not in kept}
     data_name = None
     if external or model.ByteSize() > _PROTO_LIMIT:
         data_name = f"{out.name}.{uuid.uuid4().hex[:8]}.data"
@@ -161,9 +181,15 @@ def cmd_optimize(args) -> int:
     from graph_rewrites import static_shapes
 
     con = _console(args)
+    # the rewriter probes shapes with ORT's SymbolicShapeInference, which logs a warning for each broadcast
+    # it cannot prove ("unsupported broadcast between ..."); the rules report what they refuse and why, so
+    # those lines only confuse (and -q promises nothing but errors)
+    logging.getLogger("onnxruntime.tools.symbolic_shape_infer").setLevel(logging.ERROR)
     src, dst = pathlib.Path(args.input), pathlib.Path(args.output)
     if dst.exists() and _same_file(src, dst):
         raise UserError(f"output {dst} is the input: choose another path (the input is never overwritten)")
+    if dst.is_dir():  # said before the rewrite, not after it at the rename
+        raise UserError(f"output {dst} is a directory: give the file to write, e.g. -o {dst / (src.stem + '.ot.onnx')}")
     known = graph_rewrites.registry.BY_NAME
     if args.explain and args.explain not in known:
         raise UserError(f"--explain: unknown rule {args.explain!r}; rules: {', '.join(known)}")
@@ -172,6 +198,10 @@ def cmd_optimize(args) -> int:
     except ValueError as e:
         raise UserError(str(e)) from None
     model, src_data = _load_model(src)
+    src_files = [src.parent / f for f in src_data]
+    if dst.exists() and any(_same_file(f, dst) for f in src_files):
+        raise UserError(f"output {dst} is the input's external data file: choose another path (the input is never "
+                        "overwritten)")
     try:
         keep = tuple(args.keep_fp32.split(",")) if args.keep_fp32 else graph_rewrites.FP32_KEEP
         with _stage_progress(con) as progress:
@@ -182,7 +212,12 @@ def cmd_optimize(args) -> int:
         del model  # consumed: its weights are in `out` now
     except ValueError as e:
         raise UserError(str(e)) from None
-    dst_data = save_atomic(out, dst, external=bool(src_data))  # external data out where it came in
+    # external data out where it came in; the input's data files are never removed, even when the old
+    # output named them (a copy of the input)
+    try:
+        dst_data = save_atomic(out, dst, external=bool(src_data), keep=src_files)
+    except OSError as e:  # a read-only or full disk: save_atomic has left the old output as it was
+        raise UserError(f"cannot write {dst}: {e.strerror or e}") from None
     size = f"{_model_mb(src, src_data):.1f} MB -> {_model_mb(dst, [dst_data] if dst_data else []):.1f} MB"
     con.print(op_table(report.ops_before, report.ops_after, f"{src.name} -> {dst.name}  ({size})"))
     con.print(rule_table(report, args.verbose))

@@ -96,9 +96,18 @@ MARKERS = "osD^vPX*<>"
 
 
 def plot(rows: list[dict], path: pathlib.Path) -> None:
+    fig = figure(rows)
+    import matplotlib.pyplot as plt  # after figure() has chosen the Agg backend
+
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def figure(rows: list[dict]):
     """Top: p50 latency against shape, one line per runtime, log y. Bottom: the same as speedup over
-    ort_stock (on its own axis: a 10% gain is invisible on the latency axis). A runtime and its CUDA-graph variant
-    share a colour (the graph one dashed); ort_triton's lines are drawn thick."""
+    ort_stock (on its own axis: a 10% gain is invisible on the latency axis), left out when no row has one
+    (results without ort_stock: an empty panel only raises a question). A runtime and its CUDA-graph
+    variant share a colour (the graph one dashed); ort_triton's lines are drawn thick."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -109,7 +118,11 @@ def plot(rows: list[dict], path: pathlib.Path) -> None:
     # colours by the registry's order, so a runtime has the same colour in every plot
     bases = list(dict.fromkeys(n.removesuffix("_cuda_graph") for n in [*RUNTIMES, *names]))
     colours = dict(zip(bases, plt.get_cmap("tab10").colors * 2))
-    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(12, 9), dpi=120, sharex=True, height_ratios=(3, 2))
+    if any(r.get("speedup_vs_ort_stock") for r in rows):
+        fig, (ax, ax2) = plt.subplots(2, 1, figsize=(12, 9), dpi=120, sharex=True, height_ratios=(3, 2))
+    else:
+        fig, ax = plt.subplots(1, 1, figsize=(12, 6), dpi=120)
+        ax2 = None
     notes = []
     for i, name in enumerate(names):
         by_shape = {(r["batch"], r["seq"]): r for r in rows if r["runtime"] == name}
@@ -123,11 +136,12 @@ def plot(rows: list[dict], path: pathlib.Path) -> None:
                      linestyle="--" if name.endswith("_cuda_graph") else "-",
                      color=colours[name.removesuffix("_cuda_graph")], zorder=3 if ours else 2)
         ax.plot(range(len(shapes)), [r["p50_ms"] if r else float("nan") for r in ok], label=name, **style)
-        ax2.plot(range(len(shapes)), [r["speedup_vs_ort_stock"] or float("nan") if r else float("nan") for r in ok],
-                 **style)
+        if ax2 is not None:
+            ax2.plot(range(len(shapes)), [r["speedup_vs_ort_stock"] or float("nan") if r else float("nan") for r in ok],
+                     **style)
     r0, versions = rows[0], rows[0]["versions"]
     # speedups sit within a decade or two of 1x: label more of its minor ticks
-    for a, unit, subs in ((ax, "", (2, 5)), (ax2, "x", (1.5, 2, 3, 5, 7.5))):
+    for a, unit, subs in ((ax, "", (2, 5)), *([(ax2, "x", (1.5, 2, 3, 5, 7.5))] if ax2 is not None else [])):
         a.set_yscale("log")
         a.yaxis.set_major_formatter(StrMethodFormatter("{x:g}" + unit))
         a.yaxis.set_minor_locator(LogLocator(subs=subs))
@@ -140,16 +154,17 @@ def plot(rows: list[dict], path: pathlib.Path) -> None:
                  f"onnxruntime {versions.get('onnxruntime')}, torch {versions.get('torch')}, "
                  f"median of {r0['iters']} runs", fontsize=12)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=11, title="runtime", frameon=False)
-    ax2.axhline(1.0, color="grey", linewidth=1)
-    ax2.set_ylabel("speedup over ort_stock (log scale)", fontsize=12)
-    ax2.set_xticks(range(len(shapes)), [f"{b}x{s}" for b, s in shapes])
-    ax2.set_xlabel("shape (batch x sequence length)", fontsize=12)
+    if ax2 is not None:
+        ax2.axhline(1.0, color="grey", linewidth=1)
+        ax2.set_ylabel("speedup over ort_stock (log scale)", fontsize=12)
+    bottom = ax if ax2 is None else ax2
+    bottom.set_xticks(range(len(shapes)), [f"{b}x{s}" for b, s in shapes])
+    bottom.set_xlabel("shape (batch x sequence length)", fontsize=12)
     text = textwrap.fill(textwrap.shorten("no result: " + "; ".join(notes), 1000), 170) if notes else ""
     if text:
         fig.text(0.01, 0.01, text, fontsize=9, va="bottom")
     fig.tight_layout(rect=(0, 0.02 * (text.count("\n") + 1) if text else 0, 1, 1))
-    fig.savefig(path)
-    plt.close(fig)
+    return fig
 
 
 def save(rows: list[dict], out_dir, plot_png: bool = True, log=print) -> list[pathlib.Path]:
