@@ -5,8 +5,13 @@ SkipLayerNormalization kernels, same process, same inputs.
     ... --library build/lib/libort_triton.so --library alt=build/alt/libort_triton.so   # candidates side by side
 
 Each model is a chain of K identical nodes (y <- op(y[, r])), run on the CUDA EP with IO binding and
-ORT's CUDA graph, so the per-node time is the kernel's, not ORT's host overhead; timed with CUDA events,
-median of all replays over interleaved rounds (every variant of a shape in each round).
+ORT's CUDA graph, so the per-node time is the kernel's, not ORT's host overhead; with the sum written,
+the chain is a pre-LN residual stream (y, s <- op(y, s)): every sum is read by the next node, so ORT's
+arena reuses its buffers and 65536 x 8192 fits many sessions at once. Timed with CUDA events over
+interleaved rounds (every session of a shape in each round). Each variant runs in --instances sessions of
+its own: one session's buffers land where they land, and identical kernels in two sessions differ by up
+to ~5% at 65536 rows (session 10), so a variant's time is the median over its sessions of each one's
+median, and the spread over them is reported with it.
 Bytes per node: LayerNorm reads X and writes Y (2 tensors),
 with a residual it also reads the skip (3), and writes the sum when asked (4); gamma/beta are noise.
 The ceiling is the measured device-to-device copy bandwidth (FACTS.md: 4.08 TB/s, read + write).
@@ -47,21 +52,21 @@ def chain_model(variant: str, hidden: int, type_name: str) -> onnx.ModelProto:
     op, domain, _moved, residual = VARIANTS[variant]
     t = ONNX_TYPES[type_name]
     keep_sum = variant.endswith("+sum")
-    nodes, outputs = [], []
-    prev = "x"
+    nodes = []
+    prev, prev_sum = "x", "r"
     for i in range(K):
-        skip_ins = [prev, "r", "c", "g", "b"] if domain == DOMAIN else [prev, "r", "g", "b"]
+        skip_ins = [prev, prev_sum, "c", "g", "b"] if domain == DOMAIN else [prev, prev_sum, "g", "b"]
         ins = skip_ins if residual else [prev, "g", "b"]
         outs = [f"y{i}"]
-        if keep_sum:  # the sum is a graph output so it must be written
+        if keep_sum:  # the residual stream: the next node reads this sum, so it must be written
             outs = [f"y{i}", f"s{i}"] if domain == DOMAIN else [f"y{i}", "", "", f"s{i}"]
-            outputs.append(helper.make_tensor_value_info(f"s{i}", t, None))
+            prev_sum = f"s{i}"
         elif domain == DOMAIN and residual:
             outs = [f"y{i}", ""]
         attrs = {"epsilon": 1e-5} if domain else {"axis": -1, "epsilon": 1e-5}
         nodes.append(helper.make_node(op, ins, outs, domain=domain, **attrs))
         prev = f"y{i}"
-    outputs.insert(0, helper.make_tensor_value_info(prev, t, None))
+    outputs = [helper.make_tensor_value_info(name, t, None) for name in ([prev, prev_sum] if keep_sum else [prev])]
     inputs = [helper.make_tensor_value_info("x", t, ["n", hidden])]
     if residual:
         inputs.append(helper.make_tensor_value_info("r", t, ["n", hidden]))
@@ -137,13 +142,17 @@ PAIRS = (("LayerNorm", "ort_triton_LayerNorm", "ort_LayerNormalization"),
 
 
 def summary(report: dict) -> str:
-    """A markdown table: per shape and op, our time, ORT's, the speedup, and our fraction of the ceiling."""
+    """A markdown table: per shape and op, our time, ORT's, the speedup, our fraction of the ceiling and
+    the spread of each time over its sessions (files from before --instances have none: "-")."""
     by = {(r["type"], r["rows"], r["hidden"], r["variant"]): r for r in report["rows"]}
+    pct = lambda r: f"{100 * r['spread']:.1f}%" if r.get("spread") is not None else "-"  # noqa: E731
     lines = [f"GPU: {report['gpu']}; copy in the same run {report.get('copy_gbs_this_run', float('nan')):.0f} GB/s; "
              f"ceiling {report['ceiling_gbs']:.0f} GB/s (FACTS.md); {report['nodes_per_chain']}-node chains in ORT "
-             "CUDA graphs; us per node (median).", "",
-             "| type | rows x H | op | ort_triton us | ORT us (its kernel) | speedup | ort_triton % of ceiling |",
-             "|---|---|---|---|---|---|---|"]
+             f"CUDA graphs, {report.get('instances', 1)} session(s) a variant; us per node (median over sessions "
+             "of each session's median).", "",
+             "| type | rows x H | op | ort_triton us | ORT us (its kernel) | speedup | ort_triton % of ceiling | "
+             "spread ours / ORT |",
+             "|---|---|---|---|---|---|---|---|"]
     for (t, rows, h, variant), ours in by.items():
         base, _, lib = variant.partition("@")  # "@name": a further --library, a candidate configuration
         for label, mine, theirs in PAIRS:
@@ -152,7 +161,7 @@ def summary(report: dict) -> str:
                 label = f"{label} @{lib}" if lib else label
                 lines.append(f"| {t} | {rows} x {h} | {label} | {ours['us_per_node']:.2f} | {ref['us_per_node']:.2f} "
                              f"({theirs.removeprefix('ort_')}) | {ref['us_per_node'] / ours['us_per_node']:.3f}x | "
-                             f"{100 * ours['ceiling_frac']:.1f}% |")
+                             f"{100 * ours['ceiling_frac']:.1f}% | {pct(ours)} / {pct(ref)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -172,6 +181,7 @@ def main(argv=None) -> None:
     p.add_argument("--types", default="float16")
     p.add_argument("--reps", type=int, default=20, help="replays per variant per round")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--instances", type=int, default=3, help="sessions per variant (buffer placement varies)")
     args = p.parse_args(argv)
     if args.summarize:
         with open(args.json) as fh:
@@ -190,7 +200,7 @@ def main(argv=None) -> None:
     rows_list = [int(v) for v in args.rows.split(",")]
     hidden_list = [int(v) for v in args.hidden.split(",")]
     results = []
-    print(f"{'type':8} {'rows':>6} {'H':>5} {'variant':32} {'us/node':>8} {'GB/s':>7} {'ceil%':>6} "
+    print(f"{'type':8} {'rows':>6} {'H':>5} {'variant':32} {'us/node':>8} {'spread':>7} {'GB/s':>7} {'ceil%':>6} "
           f"{'triton-only us':>14}")
     for type_name in args.types.split(","):
         dt = {"float16": torch.float16, "float": torch.float32}[type_name]
@@ -204,30 +214,36 @@ def main(argv=None) -> None:
                 for variant, (_op, domain, _moved, residual) in VARIANTS.items():
                     feeds = {"x": x, **({"r": r} if residual else {})}
                     for label, lib in libraries if domain == DOMAIN else [("", None)]:
-                        runners[f"{variant}@{label}" if label else variant] = make_runner(
-                            chain_model(variant, hidden, type_name), feeds, lib)
-                samples = {v: [] for v in runners}
+                        name = f"{variant}@{label}" if label else variant
+                        model = chain_model(variant, hidden, type_name)
+                        runners[name] = [make_runner(model, feeds, lib) for _ in range(args.instances)]
+                samples = {(v, i): [] for v, runs in runners.items() for i in range(len(runs))}
                 for _ in range(args.rounds):
-                    for variant, run in runners.items():
-                        samples[variant] += [run() for _ in range(args.reps)]
-                for variant in runners:
+                    for variant, runs in runners.items():
+                        for i, run in enumerate(runs):
+                            samples[(variant, i)] += [run() for _ in range(args.reps)]
+                for variant, runs in runners.items():
                     _op, domain, moved, _res = VARIANTS[variant.partition("@")[0]]
-                    ms = statistics.median(samples[variant]) / K
+                    per_session = [statistics.median(samples[(variant, i)]) / K for i in range(len(runs))]
+                    ms = statistics.median(per_session)
+                    spread = (max(per_session) - min(per_session)) / ms
                     nbytes = moved * rows * hidden * x.element_size()
                     gbs = nbytes / (ms * 1e-3) / 1e9
                     t_only = (triton_only(rows, hidden, variant, type_name)
                               if domain == DOMAIN and "@" not in variant else None)
                     row = dict(type=type_name, rows=rows, hidden=hidden, variant=variant, us_per_node=ms * 1e3,
+                               us_per_node_sessions=[v * 1e3 for v in per_session], spread=spread,
                                bytes=nbytes, gbs=gbs, ceiling_frac=gbs / CEILING_GBS,
                                triton_only_us=t_only * 1e3 if t_only else None)
                     results.append(row)
-                    print(f"{type_name:8} {rows:6} {hidden:5} {variant:32} {ms * 1e3:8.2f} {gbs:7.0f} "
-                          f"{100 * gbs / CEILING_GBS:5.1f}% {'' if t_only is None else f'{t_only * 1e3:14.2f}'}",
-                          flush=True)
+                    print(f"{type_name:8} {rows:6} {hidden:5} {variant:32} {ms * 1e3:8.2f} {100 * spread:6.1f}% "
+                          f"{gbs:7.0f} {100 * gbs / CEILING_GBS:5.1f}% "
+                          f"{'' if t_only is None else f'{t_only * 1e3:14.2f}'}", flush=True)
                 del runners
     with open(args.json, "w") as fh:
         json.dump({"gpu": torch.cuda.get_device_name(), "ceiling_gbs": CEILING_GBS, "copy_gbs_this_run": copy_gbs,
-                   "nodes_per_chain": K, "command": "python -m ort_triton.bench.layer_norm " + " ".join(argv or []),
+                   "nodes_per_chain": K, "instances": args.instances,
+                   "command": "python -m ort_triton.bench.layer_norm " + " ".join(argv or []),
                    "rows": results}, fh, indent=1)
     with open(args.json) as fh:
         print(summary(json.load(fh)), end="")
