@@ -9,18 +9,12 @@
 # (for the LayerNorm benchmark), LN_CANDIDATES (below), SWEEPS=1 (also the launch-config sweeps behind
 # ops/layer_norm.py and ops/attention.py), BENCH=0 (skip the benchmarks), ATTENTION_BENCH=0 (only the
 # LayerNorm one), SANITIZE=1 (compute-sanitizer; SANITIZE_TESTS).
-set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/ort_triton_out}
-mkdir -p "$OUT" build
-# The device tool brings back at most 8 files: everything is written to RES and packed into one archive.
-RES=$(mktemp -d)
+RES=$(mktemp -d)  # the device tool brings back at most 8 files: everything goes here, packed into one archive
 trap 'tar czf "$OUT/gpu_check.tgz" -C "$RES" .' EXIT
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-export ORT_TRITON_CACHE=/tmp/ort_triton_cache ORT_INCLUDE_DIR=${ORT_INCLUDE_DIR:-$PWD/.ortinc}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$RES/gpu.txt"
-python3 -m ort_triton build --arch 90 -o build/lib 2>&1 | tail -3 | tee "$RES/build.log" || exit 1
-export ORT_TRITON_LIBRARY=$PWD/build/lib/libort_triton.so
+source "$(dirname "$0")/gpu_env.sh" > "$RES/build.log" 2>&1  # builds build/lib, sets ORT_TRITON_LIBRARY
+cat "$RES/build.log"
+[ -f "$ORT_TRITON_LIBRARY" ] || exit 1
 python3 -m ort_triton doctor 2>&1 | tee "$RES/doctor.txt"
 python3 -m pytest -q -p no:cacheprovider -W ignore --tb=short ${PYTEST_PATHS:-tests/gpu tests/ops} ${PYTEST_ARGS:-} \
   > "$RES/gpu_tests.log" 2>&1
@@ -48,14 +42,6 @@ fi
 [ "${BENCH:-1}" = 1 ] || exit 0
 [ "${ATTENTION_BENCH:-1}" = 1 ] &&
   python3 -m ort_triton.bench.attention --json "$RES/attention_bench.json" 2>&1 | tee "$RES/attention_bench.txt"
-# LN_CANDIDATES="a={json};b={json}": one more library per candidate launch table (ops/layer_norm.py,
-# ORT_TRITON_LAYER_NORM_LAUNCH), timed beside the default in the same chains.
-libs=(--library "$ORT_TRITON_LIBRARY")
-IFS=';' read -ra cands <<< "${LN_CANDIDATES:-}"
-for cand in "${cands[@]}"; do
-  name=${cand%%=*}
-  ORT_TRITON_LAYER_NORM_LAUNCH=${cand#*=} python3 -m ort_triton build --arch 90 -o "build/ln_$name" -q || exit 1
-  libs+=(--library "$name=$PWD/build/ln_$name/libort_triton.so")
-done
-timeout "${BENCH_TIMEOUT:-1200}" python3 -m ort_triton.bench.layer_norm "${libs[@]}" --json "$RES/layer_norm_bench.json" \
+ln_libraries || exit 1  # LN_CANDIDATES: one more library per candidate launch table (scripts/gpu_env.sh)
+timeout "${BENCH_TIMEOUT:-1200}" python3 -m ort_triton.bench.layer_norm "${LN_LIBS[@]}" --json "$RES/layer_norm_bench.json" \
   ${BENCH_ARGS:-} 2>&1 | grep -v CleanUnusedInitializers | tee "$RES/layer_norm_bench.txt"
