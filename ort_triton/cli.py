@@ -466,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --hf-config (default float16 on cuda, float32 on cpu); a file runs in its own")
     n.add_argument("--warmup", type=int, default=20, help="untimed runs per shape and runtime")
     n.add_argument("--iters", type=int, default=200, help="timed runs per shape and runtime")
-    n.add_argument("--out", default="bench-results", help="directory for the JSON, CSV and PNG")
+    n.add_argument("--out", default="bench-results", help="directory for the JSON, CSV, PNG and the table (.md)")
     n.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     n.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS)
     n.set_defaults(func=cmd_bench)

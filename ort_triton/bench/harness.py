@@ -305,8 +305,8 @@ def bench(model=None, *, hf_config: str | None = None, shapes=DEFAULT_SHAPES, ru
           dtype: str | None = None, exporter: str = "dynamo", opset: int | None = None, warmup: int = 20,
           iters: int = 200, device: str = "cuda", out_dir=None, log=print, command: str | None = None) -> list[dict]:
     """Benchmark `model` (a path) and/or the model of `hf_config` on each runtime at each (batch, seq).
-    Returns one row per (shape, runtime); with `out_dir`, writes JSON and CSV after every shape and the
-    PNG at the end (report.py). Runtimes that cannot run are 'skipped' rows, failures 'failed' rows."""
+    Returns one row per (shape, runtime); with `out_dir`, writes JSON, CSV and the table (.md) after every
+    shape and the PNG at the end (report.py). Runtimes that cannot run are 'skipped' rows, failures 'failed' rows."""
     names = list(runtimes or DEFAULT_RUNTIMES)
     unknown = [n for n in names if n not in RUNTIMES]
     if unknown:

@@ -60,7 +60,7 @@ def main(argv=None) -> None:
                             results[(rows, warps)] = triton.testing.do_bench_cudagraph(fn, rep=100,
                                                                                        return_mode="median")
                     best = min(results, key=results.get)
-                    cur = launch_config(width, mode != "plain", mode == "residual+sum")
+                    cur = launch_config(width, mode != "plain", mode == "residual+sum", n_rows=n)
                     gbs = functools.partial(lambda ms, nbytes: nbytes / ms / 1e6, nbytes=moved * x.numel() * 2)
                     print(f"{n:6} {h:5} {mode:13} layout={name:6} best rows={best[0]:2} warps={best[1]:2} "
                           f"{results[best] * 1e3:8.2f} us {gbs(results[best]):5.0f} GB/s | current {cur} "

@@ -1,9 +1,9 @@
-"""Rows of `ort-triton bench` -> speedups, JSON, CSV, a PNG plot and a table.
+"""Rows of `ort-triton bench` -> speedups, JSON, CSV, a PNG plot and a table (printed, and saved as markdown).
 
     python -m ort_triton.bench.report RESULTS.json [MORE.json ...] [--out DIR]
 
 merges result files (same seeded inputs, other processes), recomputes the speedups, redraws the plot
-(e.g. where the GPU machine had no matplotlib) and prints the table.
+(e.g. where the GPU machine had no matplotlib) and prints the table (and writes it as DIR/<stem>.md).
 
 Speedups, per (model, export, dtype, device, batch, seq), from p50 latencies:
   speedup_vs_ort_stock  = p50(ort_stock) / p50(row)
@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
+import math
 import pathlib
 import textwrap
 
+from rich import box
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -112,7 +116,6 @@ def figure(rows: list[dict]):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import LogLocator, StrMethodFormatter
 
     shapes, names = _shapes(rows), _runtimes(rows)
     # colours by the registry's order, so a runtime has the same colour in every plot
@@ -140,12 +143,8 @@ def figure(rows: list[dict]):
             ax2.plot(range(len(shapes)), [r["speedup_vs_ort_stock"] or float("nan") if r else float("nan") for r in ok],
                      **style)
     r0, versions = rows[0], rows[0]["versions"]
-    # speedups sit within a decade or two of 1x: label more of its minor ticks
-    for a, unit, subs in ((ax, "", (2, 5)), *([(ax2, "x", (1.5, 2, 3, 5, 7.5))] if ax2 is not None else [])):
+    for a in (ax, *([ax2] if ax2 is not None else [])):
         a.set_yscale("log")
-        a.yaxis.set_major_formatter(StrMethodFormatter("{x:g}" + unit))
-        a.yaxis.set_minor_locator(LogLocator(subs=subs))
-        a.yaxis.set_minor_formatter(StrMethodFormatter("{x:g}" + unit))
         a.grid(True, which="both", alpha=0.3)
         a.tick_params(labelsize=11)
     ax.set_ylabel("p50 latency (ms, log scale)", fontsize=12)
@@ -163,18 +162,61 @@ def figure(rows: list[dict]):
     text = textwrap.fill(textwrap.shorten("no result: " + "; ".join(notes), 1000), 170) if notes else ""
     if text:
         fig.text(0.01, 0.01, text, fontsize=9, va="bottom")
-    fig.tight_layout(rect=(0, 0.02 * (text.count("\n") + 1) if text else 0, 1, 1))
+    rect = (0, 0.02 * (text.count("\n") + 1) if text else 0, 1, 1)
+    fig.tight_layout(rect=rect)
+    ok = [r for r in rows if r["status"] == "ok"]
+    # speedups sit within a decade or two of 1x: more of its minor ticks are worth a label
+    _label_log_axis(ax, [r["p50_ms"] for r in ok], "", ((2, 5), ()))
+    if ax2 is not None:
+        _label_log_axis(ax2, [r["speedup_vs_ort_stock"] for r in ok if r["speedup_vs_ort_stock"]], "x",
+                        ((1.5, 2, 3, 5, 7.5), (2, 5), ()))
+    fig.tight_layout(rect=rect)  # again: the labels' widths have changed
     return fig
 
 
+def _label_log_axis(a, values: list[float], unit: str, choices: tuple[tuple[float, ...], ...]) -> None:
+    """Label a log y axis at 10^k and at 10^k times each of `subs`, the first of `choices` (densest first)
+    whose labels stay a line and a half apart at this axis' height, and move its limits out to the labelled
+    ticks just beyond the data: a point past the last label cannot be read (0.7 ms under a lowest label of
+    "1"), and matplotlib's own limits stop wherever the data does."""
+    from matplotlib.ticker import LogLocator, NullFormatter, StrMethodFormatter
+
+    if not values:
+        return
+    lo, hi = min(values), max(values)
+    label_px = a.yaxis.get_majorticklabels()[0].get_fontsize() * a.figure.dpi / 72
+    for subs in choices:
+        marks = [s * 10.0 ** k for k in range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1)
+                 for s in (1, *subs)]
+        bottom, top = max(m for m in marks if m <= lo), min(m for m in marks if m >= hi)
+        limits = min(bottom, lo / _EDGE), max(top, hi * _EDGE)
+        shown = [m for m in marks if bottom <= m <= top]
+        px_per_decade = a.get_window_extent().height / math.log10(limits[1] / limits[0])
+        closest = min((math.log10(b / m) for m, b in zip(shown, shown[1:])), default=math.inf)
+        if closest * px_per_decade >= 1.5 * label_px:
+            break
+    a.set_ylim(*limits)
+    a.yaxis.set_major_locator(LogLocator())
+    a.yaxis.set_major_formatter(StrMethodFormatter("{x:g}" + unit))
+    a.yaxis.set_minor_locator(LogLocator(subs=subs or "auto"))  # no labels: the grid's lines only
+    a.yaxis.set_minor_formatter(StrMethodFormatter("{x:g}" + unit) if subs else NullFormatter())
+
+
+_EDGE = 1.05  # room for half a marker between a point and the axis' edge (a factor: the axis is log)
+
+
 def save(rows: list[dict], out_dir, plot_png: bool = True, log=print) -> list[pathlib.Path]:
-    """JSON and CSV (and the PNG) as OUT_DIR/<model>-<dtype>-<device>.*; returns the paths written."""
+    """JSON, CSV and the table as markdown (and the PNG) as OUT_DIR/<model>-<dtype>-<device>.*; returns the
+    paths written."""
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     base = out / stem(rows)
-    paths = [base.with_suffix(".json"), base.with_suffix(".csv")]
+    paths = [base.with_suffix(".json"), base.with_suffix(".csv"), base.with_suffix(".md")]
     write_json(rows, paths[0])
     write_csv(rows, paths[1])
+    # the table the bench prints lives only in a terminal or a log otherwise; a results folder (and a
+    # README or review quoting it) wants it as a file, next to the numbers it came from
+    paths[2].write_text(markdown(rows))
     if plot_png:
         try:
             plot(rows, base.with_suffix(".png"))
@@ -189,11 +231,13 @@ def _num(v, fmt: str) -> str:
     return "" if v is None else format(v, fmt)
 
 
-def table(rows: list[dict]) -> Table:
-    """One line per (shape, runtime); what each runtime did, or why it has no number, is in notes()."""
+def table(rows: list[dict], as_markdown: bool = False) -> Table:
+    """One line per (shape, runtime); what each runtime did, or why it has no number, is in notes().
+    as_markdown: a pipe table, without the rules between shapes (markdown has none) and with the fastest
+    p50 in **bold** (plain text loses the terminal's bold)."""
     r0 = rows[0]
     t = Table(title=f"{r0['model']} {r0['dtype']} on {r0['gpu'] or 'CPU'} (p50 fastest per shape in bold)",
-              title_justify="left")
+              title_justify="left", box=box.MARKDOWN if as_markdown else box.HEAVY_HEAD)
     for col in ("shape", "runtime", "p50 ms", "p90 ms", "p99 ms", "seq/s", "mem MB", "vs ort_stock",
                 "vs best peer", "max abs err"):
         t.add_column(col, justify="left" if col in ("shape", "runtime") else "right", no_wrap=True)
@@ -201,7 +245,7 @@ def table(rows: list[dict]) -> Table:
     for i, shape in enumerate(_shapes(rows)):
         members = sorted((r for r in rows if (r["batch"], r["seq"]) == shape), key=lambda r: order.index(r["runtime"]))
         fastest = min((r["p50_ms"] for r in members if r["status"] == "ok"), default=None)
-        if i:
+        if i and not as_markdown:
             t.add_section()
         for r in members:
             if r["status"] != "ok":
@@ -209,8 +253,11 @@ def table(rows: list[dict]) -> Table:
                 continue
             speedups = [_num(r[k], ".2f") + "x" * (r[k] is not None)
                         for k in ("speedup_vs_ort_stock", "speedup_vs_best_peer")]
+            p50 = f"{r['p50_ms']:.3f}"
+            if as_markdown and r["p50_ms"] == fastest:
+                p50 = f"**{p50}**"
             t.add_row(f"{shape[0]}x{shape[1]}", r["runtime"],
-                      Text(f"{r['p50_ms']:.3f}", style="bold" if r["p50_ms"] == fastest else ""),
+                      Text(p50, style="bold" if r["p50_ms"] == fastest else ""),
                       f"{r['p90_ms']:.3f}", f"{r['p99_ms']:.3f}", f"{r['throughput_seq_s']:.1f}",
                       _num(r["peak_mem_mb"], ".0f"), *speedups, _num(r["max_abs_err"], ".2e"))
     return t
@@ -240,9 +287,15 @@ def print_table(rows: list[dict], console) -> None:
         console.print(Text(line))
 
 
-def main(argv=None) -> None:
-    from rich.console import Console
+def markdown(rows: list[dict]) -> str:
+    """What print_table prints, as markdown: the title, the table (as_markdown) and the notes as a list."""
+    console = Console(file=io.StringIO(), width=10_000, color_system=None)  # wide: no row wraps or is cut
+    console.print(table(rows, as_markdown=True))
+    lines = [line.rstrip() for line in console.file.getvalue().strip().splitlines()]
+    return "\n".join([*lines, "", *(f"- {line}" for line in notes(rows))]) + "\n"
 
+
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description="merge bench result JSONs, redraw the plot, print the table")
     p.add_argument("json", nargs="+")
     p.add_argument("--out", help="directory for the merged JSON/CSV/PNG (default: the first JSON's)")

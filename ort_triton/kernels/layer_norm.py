@@ -103,7 +103,7 @@ def layer_norm(x, gamma, beta, skip=None, epsilon=1e-5, store_sum=False, *, bias
     lay = lay or layout(h)
     if lay["BLOCK_H"] * lay["CHUNKS"] < h or (lay["CHUNKS"] != 1 and lay["BLOCK_H"] * lay["CHUNKS"] != h):
         raise ValueError(f"layer_norm: layout {lay} does not fit H={h}")
-    rows, warps = config or launch_config(layout_width(lay), skip is not None, store_sum)
+    rows, warps = config or launch_config(layout_width(lay), skip is not None, store_sum, n_rows=n_rows)
     y = out if out is not None else torch.empty_like(x)
     s = (sum_out if sum_out is not None else torch.empty_like(x)) if store_sum else None
     layer_norm_fwd[(triton.cdiv(n_rows, rows),)](

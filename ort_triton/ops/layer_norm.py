@@ -61,44 +61,63 @@ KERNEL = Kernel(
 # skip's loads a few at a time (SASS); 2x8 shares the [H] vectors between two rows: 0.93x -> 1.05-1.09x
 # ORT. With the sum at 1024 (H=768, 1024), 1x2 beat 1x4 at 4096 x 768 by 5% (0.945x -> 0.995x ORT) and
 # was within 2% elsewhere (layer_norm_h200_candidates_768.json). 256/2048/16384 are interpolated.
+# Session 10 (bench/results/session10/): the THIRDS sizes from the kernel-alone sweep and three candidate
+# tables in the chains (three sessions a variant); 1536/3072 ran 1.01-1.13x ORT with (1, 1)/(1, 2) against
+# 0.86-1.04x for the first guesses. With the sum at H=8192, 1x8 beat 1x4 by 8% at 4096 rows in the chain
+# (0.90x -> 0.98x ORT) and by 12% alone at 65536 rows. At H=768 one warp a program wins, but how many rows
+# it takes depends on the row count: 2 rows at 4096 (AddLayerNorm 1.02x ORT, 0.96x with 1 row), 1 row at
+# 65536 (0.99x, 0.965x with 2): _LAUNCH_FEW holds the configs for row counts up to FEW_ROWS.
 _LAUNCH = {  # width (a block, or an H in THIRDS): (plain, residual, residual+sum)
     256: ((8, 2), (8, 4), (8, 4)),
-    768: ((2, 2), (2, 2), (1, 1)),
+    768: ((2, 1), (1, 1), (1, 1)),
     1024: ((2, 2), (2, 4), (1, 2)),
-    1536: ((1, 2), (1, 2), (1, 2)),
+    1536: ((1, 2), (1, 1), (1, 1)),
     2048: ((1, 2), (1, 4), (1, 4)),
-    3072: ((2, 4), (2, 8), (2, 8)),
+    3072: ((2, 4), (1, 2), (1, 2)),
     4096: ((2, 4), (2, 16), (2, 16)),
-    8192: ((1, 4), (2, 8), (1, 4)),
+    8192: ((1, 4), (2, 8), (1, 8)),
     16384: ((1, 8), (1, 16), (1, 16)),
 }
+FEW_ROWS = 16384  # row counts up to here take _LAUNCH_FEW's config where it has one
+_LAUNCH_FEW = {
+    768: ((2, 1), (2, 1), (2, 1)),
+}
+_MODES = ("plain", "residual", "residual+sum")
 
 
 LAUNCH_ENV = "ORT_TRITON_LAYER_NORM_LAUNCH"
 
 
-def _launch_table() -> dict:
-    """_LAUNCH, with entries replaced from $ORT_TRITON_LAYER_NORM_LAUNCH when set: JSON such as
-    {"8192": {"residual": [4, 16]}}. A tuning hook: the benchmark builds one library per candidate table
-    and times them side by side (scripts/gpu_check.sh, LN_CANDIDATES)."""
+def _launch_tables() -> tuple[dict, dict]:
+    """(_LAUNCH, _LAUNCH_FEW), with entries replaced from $ORT_TRITON_LAYER_NORM_LAUNCH when set: JSON such
+    as {"8192": {"residual": [4, 16], "few:residual": [2, 8]}} ("few:" sets the entry for up to FEW_ROWS
+    rows). A tuning hook: the benchmark builds one library per candidate table and times them side by side
+    (scripts/gpu_env.sh, LN_CANDIDATES)."""
     text = os.environ.get(LAUNCH_ENV)
     if not text:
-        return _LAUNCH
-    modes = ("plain", "residual", "residual+sum")
-    table = {k: list(v) for k, v in _LAUNCH.items()}
+        return _LAUNCH, _LAUNCH_FEW
+    many = {k: list(v) for k, v in _LAUNCH.items()}
+    few = {k: list(v) for k, v in _LAUNCH_FEW.items()}
     try:
-        for block, entries in json.loads(text).items():
-            for mode, (rows, warps) in entries.items():
-                table[int(block)][modes.index(mode)] = (int(rows), int(warps))
+        for width, entries in json.loads(text).items():
+            # the all-rows entries first: a few-rows entry new to this width starts as a copy of them
+            for mode, (rows, warps) in sorted(entries.items(), key=lambda kv: kv[0].startswith("few:")):
+                w = int(width)
+                entry = few.setdefault(w, list(many[w])) if mode.startswith("few:") else many[w]
+                entry[_MODES.index(mode.removeprefix("few:"))] = (int(rows), int(warps))
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{LAUNCH_ENV}={text!r}: expected JSON like {{\"8192\": {{\"residual\": [4, 16]}}}} "
-                         f"with widths {sorted(_LAUNCH)} and modes {modes} ({e})") from e
-    return table
+                         f"with widths {sorted(_LAUNCH)} and modes {_MODES}, each also as few:MODE ({e})") from e
+    return many, few
 
 
-def launch_config(width: int, has_res: bool = False, store_sum: bool = False) -> tuple[int, int]:
-    """(ROWS, num_warps) for a layout's width (a block, or an H in THIRDS) and mode."""
-    return tuple(_launch_table()[width][(1 + int(store_sum)) if has_res else 0])
+def launch_config(width: int, has_res: bool = False, store_sum: bool = False,
+                  n_rows: int | None = None) -> tuple[int, int]:
+    """(ROWS, num_warps) for a layout's width (a block, or an H in THIRDS), mode and row count (None: any,
+    the config of the open-ended row range)."""
+    many, few = _launch_tables()
+    table = few if n_rows is not None and n_rows <= FEW_ROWS and width in few else many
+    return tuple(table[width][(1 + int(store_sum)) if has_res else 0])
 
 
 def _spec(has_res: bool, keys: tuple[tuple[int, int], ...], rows: int, warps: int) -> Spec:
@@ -109,7 +128,7 @@ def _spec(has_res: bool, keys: tuple[tuple[int, int], ...], rows: int, warps: in
 
 def _specs(has_res: bool) -> list[Spec]:
     # has_beta is always 1 (beta is a required input)
-    return row_specs(((1, 1),), has_res, BLOCKS, launch_config, _spec, exact=THIRDS)
+    return row_specs(((1, 1),), has_res, BLOCKS, launch_config, _spec, exact=THIRDS, row_split=FEW_ROWS)
 
 
 # ---- tuning (ort-triton tune): (ROWS, num_warps) per exact H and power-of-two row bucket --------------

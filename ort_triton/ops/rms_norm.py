@@ -61,8 +61,9 @@ _LAUNCH = {  # block: (plain, residual, residual+sum)
 }
 
 
-def launch_config(block_h: int, has_res: bool = False, store_sum: bool = False) -> tuple[int, int]:
-    """(ROWS, num_warps) for a block width and mode."""
+def launch_config(block_h: int, has_res: bool = False, store_sum: bool = False,
+                  n_rows: int | None = None) -> tuple[int, int]:
+    """(ROWS, num_warps) for a block width and mode; one config for every row count (n_rows unused)."""
     return _LAUNCH[block_h][(1 + int(store_sum)) if has_res else 0]
 
 

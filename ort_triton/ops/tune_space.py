@@ -56,19 +56,24 @@ def row_spec(keys, at: int, *, has_res: bool, layout, rows: int, warps: int, poi
                 divisible_by_16=pointers + (("H",) if aligned else ()))
 
 
-def row_specs(prefix: tuple, has_res: bool, blocks, launch_config, make_spec, exact=()) -> list[Spec]:
+def row_specs(prefix: tuple, has_res: bool, blocks, launch_config, make_spec, exact=(), row_split=None) -> list[Spec]:
     """The built-in specs of a row-wise op: per alignment and store_sum, first one per H in `exact` (sizes
     with a layout of their own, all multiples of 16), then one per block size over the H range it covers,
-    every row count. Exact and aligned specs first: the native planner takes the first spec whose keys all
-    fit. prefix: the op's exact key ranges ahead of store_sum; launch_config(width, has_res, store_sum) ->
-    (ROWS, num_warps), width a block or an exact H; make_spec(has_res, keys, ROWS, num_warps) -> Spec."""
+    every row count; or, where launch_config gives row counts up to `row_split` a config of their own, one
+    spec for those and one for the rest. Exact and aligned specs first: the native planner takes the first
+    spec whose keys all fit. prefix: the op's exact key ranges ahead of store_sum; launch_config(width,
+    has_res, store_sum, n_rows=None) -> (ROWS, num_warps), width a block or an exact H; make_spec(has_res,
+    keys, ROWS, num_warps) -> Spec."""
     specs, block_ranges = [], list(zip((1, *(b + 1 for b in blocks[:-1])), blocks))
     for aligned in (1, 0):
         for store_sum in ((0, 1) if has_res else (0,)):
             for lo, hi in [(h, h) for h in exact if aligned] + block_ranges:
-                rows, warps = launch_config(hi, has_res, bool(store_sum))
-                specs.append(make_spec(has_res, (*prefix, (store_sum, store_sum), (aligned, 1), (lo, hi), (0, ANY)),
-                                       rows, warps))
+                many = launch_config(hi, has_res, bool(store_sum))
+                few = launch_config(hi, has_res, bool(store_sum), n_rows=row_split) if row_split else many
+                by_rows = [((0, ANY), many)] if few == many else [((0, row_split), few), ((row_split + 1, ANY), many)]
+                for row_range, (rows, warps) in by_rows:
+                    keys = (*prefix, (store_sum, store_sum), (aligned, 1), (lo, hi), row_range)
+                    specs.append(make_spec(has_res, keys, rows, warps))
     return specs
 
 
@@ -104,7 +109,7 @@ def row_tuning(*, prefix: tuple[int, ...], has_res: bool, layout, launch_config,
 
     def candidates(type_name, k, arch):
         width = layout_width(layout(k[at + 2]))
-        return row_candidates(launch_config(width, has_res, bool(k[at])), width)
+        return row_candidates(launch_config(width, has_res, bool(k[at]), n_rows=k[at + 3]), width)
 
     def spec(type_name, b, config):
         return make_spec(has_res, b, config["ROWS"], config["num_warps"])

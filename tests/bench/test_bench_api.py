@@ -73,3 +73,58 @@ def test_plot_has_a_speedup_panel_only_with_ort_stock():
     assert len(fig.axes) == 2 and fig.axes[1].get_ylabel() == "speedup over ort_stock (log scale)"
     assert {t.get_text() for t in fig.axes[0].get_legend().get_texts()} == {"ort_stock", "ort_triton",
                                                                             "ort_triton_cuda_graph"}
+
+
+def _labels(ax) -> list[tuple[float, object]]:
+    """(value, text artist) of each y tick label drawn, major and minor: labelled and within the limits (the
+    locators also hand out the ticks of the decades around them, which are not drawn)."""
+    lo, hi = ax.get_ylim()
+    texts = [t for t in ax.yaxis.get_ticklabels(which="both") if t.get_text() and t.get_visible()]
+    labels = sorted((float(t.get_text().removesuffix("x").replace("\u2212", "-")), t) for t in texts)  # 1e−06
+    return [(v, t) for v, t in labels if lo / 1.001 <= v <= hi * 1.001]
+
+
+def test_plot_labels_a_tick_beyond_every_point_without_overlap():
+    """Latencies from 0.6 to 3 ms: matplotlib's limits stop at the data, so with labels at 1, 2, 5 per decade the
+    0.6 and 0.9 ms points sat under the lowest label ("1") and 3 ms over the highest ("2"). Each panel now
+    has a labelled tick at or beyond its lowest and its highest point, and no two labels overlap."""
+    rows = [_row("ort_stock", 1, 0.9), _row("ort_triton", 1, 0.6), _row("ort_stock", 8, 3.0),
+            _row("ort_triton", 8, 1.5)]
+    fig = report.figure(report.add_speedups(rows))
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ax, values in ((fig.axes[0], [0.6, 0.9, 1.5, 3.0]), (fig.axes[1], [1.0, 1.5, 2.0])):
+        labels = _labels(ax)
+        assert labels[0][0] <= min(values) and labels[-1][0] >= max(values), [v for v, _ in labels]
+        boxes = [t.get_window_extent(renderer) for _, t in labels]
+        assert all(a.y1 <= b.y0 for a, b in zip(boxes, boxes[1:])), [(b.y0, b.y1) for b in boxes]
+    assert any(v < 1 for v, _ in _labels(fig.axes[0]))
+
+
+def test_save_writes_the_printed_table_as_markdown(tmp_path):
+    """The table `bench` prints is also a file, <stem>.md next to the JSON and CSV: the same title, cells and
+    notes, as a markdown pipe table (the fastest p50 in ** **, a skipped runtime's reason in the notes)."""
+    def full(runtime, batch, p50, status="ok"):
+        ok = status == "ok"
+        return {**_row(runtime, batch, p50 if ok else None, status), "p90_ms": p50 * 1.1 if ok else None,
+                "p99_ms": p50 * 1.2 if ok else None, "throughput_seq_s": batch / p50 * 1e3 if ok else None,
+                "peak_mem_mb": None, "max_abs_err": 1e-3 if ok else None, "info": "fused 3" if ok else None}
+
+    rows = report.add_speedups([full("ort_stock", 1, 2.0), full("ort_triton", 1, 0.5),
+                                full("tensorrt", 1, 0, "skipped"), full("ort_stock", 8, 6.0),
+                                full("ort_triton", 8, 3.0), full("tensorrt", 8, 0, "skipped")])
+    paths = report.save(rows, tmp_path, plot_png=False)
+    md = tmp_path / "m-float16-cuda.md"
+    assert md in paths and md.read_text() == report.markdown(rows)
+    lines = md.read_text().splitlines()
+    assert lines[0] == "m float16 on GPU (p50 fastest per shape in bold)"
+    table = [line for line in lines if line.startswith("|")]
+    assert len(table) == 2 + len(rows) and all(line.endswith("|") and line.count("|") == 11 for line in table)
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in table]
+    assert cells[0][:3] == ["shape", "runtime", "p50 ms"] and set(cells[1][0]) == {"-"}
+    assert [c[:4] for c in cells[2:]] == [
+        ["1x128", "ort_stock", "2.000", "2.200"], ["1x128", "ort_triton", "**0.500**", "0.550"],
+        ["1x128", "tensorrt", "skipped", ""], ["8x128", "ort_stock", "6.000", "6.600"],
+        ["8x128", "ort_triton", "**3.000**", "3.300"], ["8x128", "tensorrt", "skipped", ""]]
+    assert cells[3][7] == "4.00x"  # vs ort_stock, as printed
+    assert "- tensorrt: skipped: why" in lines and "- ort_triton: fused 3" in lines

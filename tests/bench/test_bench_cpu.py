@@ -97,6 +97,7 @@ def test_files_are_written(run):
     assert tuple(table[0]) == report.FIELDS and len(table) == len(rows)
     assert json.loads(table[0]["export"])["exporter"] == "dynamo"
     assert stem.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert stem.with_suffix(".md").read_text() == report.markdown(rows)  # the printed table, as a file
 
 
 def test_report_merges_and_redraws(run, tmp_path, capsys):

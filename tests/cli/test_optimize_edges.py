@@ -197,6 +197,36 @@ def test_float16_keeps_the_overflow_prone_ops_in_fp32(tmp_path):
     assert types["Sub"] == [f32, f32] and types["Pow"] == [f16, f16]
 
 
+def test_float16_output_is_topologically_sorted(tmp_path):
+    """onnxruntime's converter appends its Casts (after the fp32 inputs, around the keep-listed Pow) at the end
+    of the graph, after the AddLayerNorm and Pow that read them; onnx's full check rejects that. The
+    result is sorted, passes the full check (types included: `two`, read only by Pow, stays fp32 and so
+    must its value_info) and computes what the fp32 model does, to fp16 rounding, on ORT CPU."""
+    import onnxruntime as ort
+
+    h = 32
+    nodes = [helper.make_node("Add", ["a", "c"], ["s"]),
+             helper.make_node("LayerNormalization", ["s", "g", "b"], ["y"], axis=-1),
+             helper.make_node("Pow", ["a", "two"], ["p"]),  # the fp32 input straight into a keep-listed op
+             helper.make_node("Mul", ["y", "p"], ["z"])]
+    inits = [numpy_helper.from_array(np.linspace(0.5, 1.5, h, dtype=np.float32), "g"),
+             numpy_helper.from_array(np.linspace(-1, 1, h, dtype=np.float32), "b"),
+             numpy_helper.from_array(np.array(2, np.float32), "two")]
+    ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3, h]) for n in ("a", "c")]
+    g = helper.make_graph(nodes, "g", ins, [helper.make_tensor_value_info("z", TensorProto.FLOAT, [3, h])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), tmp_path / "in.onnx")
+    run_cli("optimize", tmp_path / "in.onnx", "-o", tmp_path / "h.onnx", "--float16", "--keep-io-types")
+    m = onnx.load(tmp_path / "h.onnx")
+    assert {"AddLayerNorm", "Pow", "Cast"} <= {n.op_type for n in m.graph.node}
+    onnx.checker.check_model(m, full_check=True)
+    rng = np.random.default_rng(0)
+    feeds = {n: rng.normal(0, 1, (3, h)).astype(np.float32) for n in ("a", "c")}
+    want, got = (ort.InferenceSession(str(tmp_path / f), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+                 for f in ("in.onnx", "h.onnx"))
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2 * np.abs(want).max())
+
+
 def test_python_optimize_keeps_the_inputs_type(tmp_path):
     import ort_triton
 

@@ -89,6 +89,19 @@ def test_thirds_sizes_pick_their_own_spec(lib, op, n_outputs, h):
     assert spec.constexprs["CHUNKS"] == 3 and spec.constexprs["BLOCK_H"] * 3 == h
 
 
+@pytest.mark.parametrize("n_rows", [4096, 16384, 16385, 65536])
+@pytest.mark.parametrize("n_outputs", [1, 2])
+def test_row_count_picks_the_launch_config(lib, n_rows, n_outputs):
+    """AddLayerNorm at H=768 takes 2 rows a program up to FEW_ROWS rows and 1 row past it (the grid says)."""
+    from ort_triton.ops.layer_norm import FEW_ROWS, launch_config
+
+    rc, msg = plan(lib, "AddLayerNorm", [[n_rows, 768], [n_rows, 768], [768], [768], [768]], n_outputs=n_outputs)
+    assert rc == 0, msg
+    rows, _warps = launch_config(768, True, n_outputs == 2, n_rows=n_rows)
+    assert rows == (2 if n_rows <= FEW_ROWS else 1)
+    assert parse(msg)[1][1] == -(-n_rows // rows)
+
+
 def test_add_layer_norm_with_sum_output_picks_store_sum_spec(lib):
     rc, msg = plan(lib, "AddLayerNorm", [[2, 1024], [2, 1024], [1024], [1024], [1024]], n_outputs=2)
     assert rc == 0, msg

@@ -71,6 +71,18 @@ def test_thirds_layout_matches_one_block(h):
     torch.testing.assert_close(y3, y1, rtol=1e-6, atol=1e-6)
 
 
+def test_launch_override_sets_few_and_many_rows(monkeypatch):
+    from ort_triton.ops.layer_norm import FEW_ROWS, LAUNCH_ENV, launch_config
+
+    monkeypatch.setenv(LAUNCH_ENV, '{"1024": {"residual": [4, 8], "few:residual": [8, 2]}}')
+    assert launch_config(1024, True, n_rows=FEW_ROWS) == (8, 2)
+    assert launch_config(1024, True, n_rows=FEW_ROWS + 1) == launch_config(1024, True) == (4, 8)
+    assert launch_config(1024) == launch_config(1024, n_rows=1)  # plain: no few-rows entry was set
+    monkeypatch.setenv(LAUNCH_ENV, '{"1000": {"residual": [4, 8]}}')
+    with pytest.raises(ValueError, match="few:MODE"):
+        launch_config(1024)
+
+
 def test_layout_that_does_not_fit_is_refused():
     x = torch.zeros(2, 768, device=DEVICE)
     with pytest.raises(ValueError, match="does not fit"):
