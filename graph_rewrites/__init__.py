@@ -14,6 +14,7 @@ import os
 
 import onnx
 import onnx_ir as ir
+from onnx_ir.passes.common import TopologicalSortPass
 
 from ort_triton.contract import DOMAIN, DOMAIN_VERSION, MIN_OPSET
 from ort_triton.ops import BY_NAME as OPS
@@ -94,6 +95,15 @@ def _opset(proto: onnx.ModelProto) -> int:
     return next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 1)
 
 
+def _list_all_outputs(proto: onnx.ModelProto) -> None:
+    """onnx_ir drops trailing "" outputs when it reads a model back; ORT needs every output of our nodes
+    listed (and onnx's checker rejects a node with fewer outputs than its function body)."""
+    for g in _graphs(proto.graph):
+        for node in g.node:
+            if node.domain == DOMAIN:
+                node.output.extend([""] * (len(OPS[node.op_type].outputs) - len(node.output)))
+
+
 def _finish(proto: onnx.ModelProto) -> None:
     """Drop initializers nothing reads, attach one function body per op used, import the domain, and list
     every output of our nodes, with "" for optional ones nobody reads (ORT needs all listed; "" tells the
@@ -102,14 +112,13 @@ def _finish(proto: onnx.ModelProto) -> None:
     for g in _graphs(proto.graph):
         read.update(i for n in g.node for i in n.input)
     used = set()
+    _list_all_outputs(proto)
     for g in _graphs(proto.graph):
         for node in g.node:
             if node.domain != DOMAIN:
                 continue
             contract = OPS[node.op_type]
             used.add(node.op_type)
-            # onnx_ir drops trailing "" outputs when it reads a model back; ORT needs them all listed
-            node.output.extend([""] * (len(contract.outputs) - len(node.output)))
             for i, out in enumerate(contract.outputs):
                 if out.optional and i < len(node.output) and node.output[i] not in read:
                     node.output[i] = ""
@@ -138,11 +147,29 @@ FP32_KEEP = ("Pow", "ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL2", "E
 def to_float16(proto: onnx.ModelProto, *, keep_io_types: bool = False,
                keep_fp32: tuple[str, ...] = FP32_KEEP) -> onnx.ModelProto:
     """fp32 -> fp16 with onnxruntime's converter: initializers and activations in fp16, the ops in
-    keep_fp32 (and ORT's block list) behind Casts, graph inputs/outputs fp32 when keep_io_types."""
+    keep_fp32 (and ORT's block list) behind Casts, graph inputs/outputs fp32 when keep_io_types. The
+    result is topologically sorted. Drops proto's value_info entries that describe an initializer."""
     from onnxruntime.transformers import float16
 
-    return float16.convert_float_to_float16(proto, keep_io_types=keep_io_types,
-                                            op_block_list=sorted(set(float16.DEFAULT_OP_BLOCK_LIST) | set(keep_fp32)))
+    # An initializer that only keep-listed ops read stays fp32, but the converter turns a value_info of the
+    # same name (onnx_ir writes one per initializer) to fp16, which onnx's checker rejects; the initializer
+    # carries its own type and shape, so the entry says nothing more.
+    for g in _graphs(proto.graph):
+        inits = {t.name for t in g.initializer}
+        for v in [v for v in g.value_info if v.name in inits]:
+            g.value_info.remove(v)
+    out = float16.convert_float_to_float16(proto, keep_io_types=keep_io_types,
+                                           op_block_list=sorted(set(float16.DEFAULT_OP_BLOCK_LIST) | set(keep_fp32)))
+    # The converter appends every Cast it adds (after a graph input, around a keep-listed op) at the end of
+    # the main graph, after the nodes that read it: ORT runs that, but onnx.checker (full_check) and other
+    # tools reject a graph that is not topologically sorted. onnx_ir's stable sort moves only what must move,
+    # in the main graph, every subgraph and every function.
+    model = ir.serde.deserialize_model(out)
+    del out  # the IR holds its tensors; serialising copies them, so only one copy stays alive
+    TopologicalSortPass()(model)
+    out = ir.serde.serialize_model(model)
+    _list_all_outputs(out)
+    return out
 
 
 def optimize(model, *, only: list[str] | None = None, disable: list[str] | None = None, report: bool = False,
