@@ -7,7 +7,7 @@
 # 3. issue 2: the LayerNorm table at the issue's shapes, the default library only, sessions per variant
 #    as INSTANCES says.
 source "$(dirname "$0")/gpu_env.sh"
-timeout 150 python3 -m pytest -q -p no:cacheprovider -W ignore --tb=short tests/ops/test_layer_norm_kernel.py \
+timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider -W ignore --tb=short tests/ops/test_layer_norm_kernel.py \
   tests/gpu/test_layer_norm_ort.py tests/native/test_native.py > "$OUT/gpu_tests.log" 2>&1
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -8
 timeout "${BENCH_TIMEOUT:-270}" python3 -m ort_triton bench --hf-config bert-base --dtype float16 \
