@@ -21,6 +21,7 @@ from ort_triton.contract import DOMAIN
 
 from . import attention as att
 from . import causal_attention as causal
+from . import embed_layer_norm as eln
 from . import gelu, gemm
 from . import layer_norm as ln
 from . import pack_qkv as pack
@@ -58,6 +59,12 @@ RULES: tuple[RuleInfo, ...] = (
              lambda: [gelu.GeluTanhRule.rule("gelu_tanh", form=f) for f in range(3)], commute=True),
     RuleInfo("bias_gelu", "BiasGelu[Tanh](x + b, 0) -> BiasGelu[Tanh](x, b)", 2,
              lambda: [gelu.FoldBiasRule.rule("bias_gelu", tanh=t) for t in (False, True)], commute=True),
+    RuleInfo("embedding_shape", "Shape(Gather(table, ids)), the lookup summed -> Concat(Shape(ids), [H]) "
+             "(DistilBERT's torchscript sequence length)", 1,
+             lambda: [eln.EmbeddingShapeRule.rule("embedding_shape")], emits="Concat"),
+    # Stage 2: the embeddings' norm is a LayerNorm by then and its Add not yet folded by add_layer_norm.
+    RuleInfo("embed_layer_norm", "LayerNorm((word[ids] + type[tt]) + pos[pp]) (or word + pos) -> EmbedLayerNorm", 2,
+             lambda: [eln.EmbedLayerNormRule.rule("embed_layer_norm", tables=n) for n in (3, 2)], commute=True),
     RuleInfo("add_layer_norm", "LayerNorm(a + b) -> AddLayerNorm(a, b)", 3,
              lambda: [ln.AddLayerNormRule.rule("add_layer_norm")]),
     RuleInfo("add_layer_norm_keep_sum", "LayerNorm(s = a + b), s used -> AddLayerNorm(a, b) -> (y, s)", 3,

@@ -115,8 +115,14 @@ def index_ranges(model) -> dict[str, int]:
     inits = {t.name: t.dims[0] for t in model.graph.initializer if t.dims}
     ranges = {}
     for node in model.graph.node:
-        if node.op_type == "Gather" and len(node.input) == 2 and node.input[0] in inits:
-            ranges[node.input[1]] = min(ranges.get(node.input[1], inits[node.input[0]]), inits[node.input[0]])
+        lookups = []
+        if node.op_type == "Gather" and len(node.input) == 2:
+            lookups = [(node.input[0], node.input[1])]
+        elif node.op_type == "EmbedLayerNorm" and node.domain == "ai.ort_triton":  # ids 0-2 index tables 3-5
+            lookups = list(zip(node.input[3:6], node.input[:3]))
+        for table, ids in lookups:
+            if table in inits:
+                ranges[ids] = min(ranges.get(ids, inits[table]), inits[table])
     return ranges
 
 

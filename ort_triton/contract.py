@@ -42,11 +42,20 @@ ELEMENT_TYPES = {
 }
 
 
+# Element types an input may be fixed to, whatever the op's type (the native table registers it as such).
+FIXED_TYPES = {"int64": onnx.TensorProto.INT64}
+
+
 @dataclasses.dataclass(frozen=True)
 class IO:
     name: str
     doc: str
     optional: bool = False  # only outputs may be optional (see module docstring)
+    type: str | None = None  # a FIXED_TYPES name (EmbedLayerNorm's ids: "int64"); None: the op's element type
+
+    def element_type(self, op_type: str) -> int:
+        """The ONNX element type of this input of a node whose op type is `op_type` (an ELEMENT_TYPES name)."""
+        return FIXED_TYPES[self.type] if self.type else ELEMENT_TYPES[op_type]
 
 
 @dataclasses.dataclass(frozen=True)

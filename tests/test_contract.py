@@ -11,6 +11,7 @@ from ort_triton.contract import DOMAIN, MIN_OPSET
 from ort_triton.ops import BY_NAME
 from ort_triton.ops.attention import MULTI_HEAD_ATTENTION
 from ort_triton.ops.bias_gelu import BIAS_GELU, BIAS_GELU_TANH
+from ort_triton.ops.embed_layer_norm import EMBED_LAYER_NORM
 from ort_triton.ops.layer_norm import ADD_LAYER_NORM, LAYER_NORM
 from ort_triton.ops.packed_attention import PACKED_MULTI_HEAD_ATTENTION
 
@@ -30,16 +31,28 @@ CASES = {  # op -> (inputs, attributes)
     PACKED_MULTI_HEAD_ATTENTION: ([RNG.normal(size=(2, 5, 72)), np.where(RNG.random((2, 5)) < 0.3, -np.inf, 0.0),
                                    RNG.normal(size=72)],
                                   {"num_heads": 3, "scale": 0.35}),
+    # ids [2, 5], [1, 1], [1, 5] broadcast to [2, 5]; a negative id counts from the end, as Gather's
+    EMBED_LAYER_NORM: ([np.array([[3, 0, 9, -1, 4], [5, 5, 1, 2, 8]]), np.zeros((1, 1), np.int64), np.arange(5)[None],
+                        RNG.normal(size=(10, 24)), RNG.normal(size=(2, 24)), RNG.normal(size=(7, 24)),
+                        RNG.normal(1, 0.3, 24), RNG.normal(0, 0.3, 24)],
+                       {"epsilon": 1e-12}),
 }
+
+
+def _typed(op, inputs):
+    """The case's inputs as the op takes them: int64 where the contract fixes it (ids), float32 else."""
+    return [np.asarray(a, np.int64 if io.type == "int64" else np.float32) for a, io in zip(inputs, op.inputs)]
 
 
 def _single_node_model(op, inputs, attrs, opset):
     names = [f"in{i}" for i in range(len(inputs))]
     outs = [f"out{i}" for i in range(len(op.outputs))]
     node = helper.make_node(op.name, names, outs, domain=DOMAIN, **attrs)
+    out_shapes = [r.shape for r in op.reference(*inputs, **attrs)]
     g = helper.make_graph([node], op.name,
-                          [helper.make_tensor_value_info(n, TensorProto.FLOAT, a.shape) for n, a in zip(names, inputs)],
-                          [helper.make_tensor_value_info(o, TensorProto.FLOAT, X.shape) for o in outs])
+                          [helper.make_tensor_value_info(n, io.element_type("float"), a.shape)
+                           for n, a, io in zip(names, inputs, op.inputs)],
+                          [helper.make_tensor_value_info(o, TensorProto.FLOAT, sh) for o, sh in zip(outs, out_shapes)])
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(DOMAIN, 1)],
                              functions=[op.function_proto(opset)], ir_version=9)
 
@@ -48,7 +61,7 @@ def _single_node_model(op, inputs, attrs, opset):
 @pytest.mark.parametrize("op", list(CASES), ids=lambda op: op.name)
 def test_body_equals_reference_at_every_opset(op, opset):
     inputs, attrs = CASES[op]
-    inputs = [np.asarray(a, np.float32) for a in inputs]
+    inputs = _typed(op, inputs)
     m = _single_node_model(op, inputs, attrs, opset)
     onnx.checker.check_model(m)
     sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])

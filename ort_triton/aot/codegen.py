@@ -16,6 +16,7 @@ C_TYPES = {
     "float": "ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT",
     "float16": "ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16",
     "bfloat16": "ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16",
+    "int64": "ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64",  # inputs of a fixed type (contract.FIXED_TYPES)
 }
 ATTR_KINDS = {"float": "OT_ATTR_FLOAT", "int": "OT_ATTR_INT"}
 MAX_ARCHS, MAX_KEYS, MAX_CONSTS = 8, 8, 8  # must match ot_table.h
@@ -86,7 +87,8 @@ def generate(ops: list[tuple[OpContract, str]], specs: dict, compiled: dict, arc
     c += ["", "const ot_op ot_ops[] = {"]
     for oi, (op, type_name) in enumerate(ops):
         t = C_TYPES[type_name]
-        ins = ", ".join(f"{{{_c_str(i.name)}, {t}, {int(i.optional)}}}" for i in op.inputs)
+        ins = ", ".join(f"{{{_c_str(i.name)}, {C_TYPES[i.type] if i.type else t}, {int(i.optional)}}}"
+                        for i in op.inputs)
         outs = ", ".join(f"{{{_c_str(o.name)}, {t}, {int(o.optional)}}}" for o in op.outputs)
         attrs = ", ".join(f"{{{_c_str(a.name)}, {ATTR_KINDS[a.kind]}, {float(a.default)!r}}}" for a in op.attrs)
         name, n_specs, _rows, n_tuned = spec_arrays[oi]

@@ -437,13 +437,14 @@ static const ot_op *find_op(const char *name, int elem_type, char *msg, size_t m
 
 /* Plans a node as compute would and picks the image for arch. present[] and ranks[] have n_inputs
  * entries (ranks of absent inputs are ignored); dims_flat concatenates the dims of the present
- * inputs; attrs holds the first n_attrs attribute values in contract order (the rest take their
- * defaults). Returns 0 with "kernel=<name> arch=<image arch> grid=<x>,<y>,<z> block=<threads>
- * shared=<bytes>" in msg, or an OrtErrorCode (ORT_INVALID_ARGUMENT, ORT_FAIL) with the message
- * compute would return. */
-OT_EXPORT int ort_triton_plan_attrs(const char *op_name, int elem_type, int arch, int n_inputs, const int *present,
-                                    const int *ranks, const int64_t *dims_flat, int n_outputs, int n_attrs,
-                                    const double *attrs, char *msg, size_t msg_len) {
+ * inputs; types[] (NULL: every input of the type the op declares there, elem_type but for inputs of a
+ * fixed type such as EmbedLayerNorm's int64 ids) gives each input's element type; attrs holds the first
+ * n_attrs attribute values in contract order (the rest take their defaults). Returns 0 with
+ * "kernel=<name> arch=<image arch> grid=<x>,<y>,<z> block=<threads> shared=<bytes>" in msg, or an
+ * OrtErrorCode (ORT_INVALID_ARGUMENT, ORT_FAIL) with the message compute would return. */
+static int plan_hook(const char *op_name, int elem_type, int arch, int n_inputs, const int *present, const int *types,
+                     const int *ranks, const int64_t *dims_flat, int n_outputs, int n_attrs, const double *attrs,
+                     char *msg, size_t msg_len) {
   const ot_op *op = find_op(op_name, elem_type, msg, msg_len);
   if (!op) return ORT_INVALID_ARGUMENT;
   char err[OT_MSG_LEN];
@@ -462,7 +463,8 @@ OT_EXPORT int ort_triton_plan_attrs(const char *op_name, int elem_type, int arch
       prefix_message(op, err, msg, msg_len);
       return ORT_INVALID_ARGUMENT;
     }
-    in[i] = (ot_desc){.present = 1, .type = (ONNXTensorElementDataType)elem_type, .rank = (size_t)ranks[i]};
+    in[i] = (ot_desc){.present = 1, .type = types ? (ONNXTensorElementDataType)types[i] : op->inputs[i].type,
+                      .rank = (size_t)ranks[i]};
     memcpy(in[i].dims, dims_flat, (size_t)ranks[i] * sizeof *dims_flat);
     dims_flat += ranks[i];
   }
@@ -486,11 +488,28 @@ OT_EXPORT int ort_triton_plan_attrs(const char *op_name, int elem_type, int arch
   return 0;
 }
 
+/* plan_hook with each input of its declared type. */
+OT_EXPORT int ort_triton_plan_attrs(const char *op_name, int elem_type, int arch, int n_inputs, const int *present,
+                                    const int *ranks, const int64_t *dims_flat, int n_outputs, int n_attrs,
+                                    const double *attrs, char *msg, size_t msg_len) {
+  return plan_hook(op_name, elem_type, arch, n_inputs, present, NULL, ranks, dims_flat, n_outputs, n_attrs, attrs, msg,
+                   msg_len);
+}
+
 /* ort_triton_plan_attrs with every attribute at its default. */
 OT_EXPORT int ort_triton_plan(const char *op_name, int elem_type, int arch, int n_inputs, const int *present,
                               const int *ranks, const int64_t *dims_flat, int n_outputs, char *msg, size_t msg_len) {
-  return ort_triton_plan_attrs(op_name, elem_type, arch, n_inputs, present, ranks, dims_flat, n_outputs, 0, NULL, msg,
-                               msg_len);
+  return plan_hook(op_name, elem_type, arch, n_inputs, present, NULL, ranks, dims_flat, n_outputs, 0, NULL, msg,
+                   msg_len);
+}
+
+/* plan_hook with the given element type of each input (ONNXTensorElementDataType values) and every attribute
+ * at its default: lets tests give an input a type the op does not take there. */
+OT_EXPORT int ort_triton_plan_types(const char *op_name, int elem_type, int arch, int n_inputs, const int *present,
+                                    const int *types, const int *ranks, const int64_t *dims_flat, int n_outputs,
+                                    char *msg, size_t msg_len) {
+  return plan_hook(op_name, elem_type, arch, n_inputs, present, types, ranks, dims_flat, n_outputs, 0, NULL, msg,
+                   msg_len);
 }
 
 /* "kernel=<name> keys=<min>:<max>,... archs=<arch>,..." for spec s of op i: lets tests see which

@@ -6,6 +6,7 @@ from ..contract import OpContract
 from .attention import MULTI_HEAD_ATTENTION
 from .bias_gelu import BIAS_GELU, BIAS_GELU_TANH
 from .causal_attention import CAUSAL_ATTENTION
+from .embed_layer_norm import EMBED_LAYER_NORM
 from .layer_norm import ADD_LAYER_NORM, LAYER_NORM
 from .packed_attention import PACKED_MULTI_HEAD_ATTENTION
 from .rms_norm import ADD_RMS_NORM, RMS_NORM
@@ -17,4 +18,5 @@ ALL_OPS += (RMS_NORM, ADD_RMS_NORM)
 ALL_OPS += (CAUSAL_ATTENTION,)
 ALL_OPS += (PACKED_MULTI_HEAD_ATTENTION,)
 ALL_OPS += (SILU_MUL, ROTARY)
+ALL_OPS += (EMBED_LAYER_NORM,)
 BY_NAME: dict[str, OpContract] = {op.name: op for op in ALL_OPS}

@@ -30,7 +30,8 @@ def test_rewritten_bert_on_cuda(gpu_library, tmp_path, exporter, dtype):
     optimized = graph_rewrites.optimize(str(src))
     layers = model.config.num_hidden_layers
     ours = collections.Counter(n.op_type for n in optimized.graph.node if n.domain == "ai.ort_triton")
-    assert ours["LayerNorm"] + ours["AddLayerNorm"] == 1 + 2 * layers and ours["BiasGelu"] == layers, ours
+    assert ours["EmbedLayerNorm"] == 1 and ours["LayerNorm"] + ours["AddLayerNorm"] == 2 * layers, ours
+    assert ours["BiasGelu"] == layers, ours
     assert ours["PackedMultiHeadAttention"] == layers, ours
     n_ours = sum(ours.values())
     ref = ort.InferenceSession(str(ref_model), providers=["CPUExecutionProvider"])

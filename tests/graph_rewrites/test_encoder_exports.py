@@ -1,7 +1,8 @@
 """Real exports: encoders from transformers configs (random weights), both torch exporters.
 
-Every LayerNorm must be fused (as AddLayerNorm where a residual Add of equal shapes feeds it, else as
-LayerNorm: e.g. BERT's embeddings Add broadcasts the position embeddings), every GELU with its bias as
+Every LayerNorm must be fused (the text encoders' embeddings norm with its three lookups, or DistilBERT's
+two, as EmbedLayerNorm; as AddLayerNorm where a residual Add of equal shapes feeds it; else as LayerNorm:
+ViT's, whose embeddings are a patch Conv and no lookup), every GELU with its bias as
 BiasGelu, every attention whose head dim the kernel takes as MultiHeadAttention, and the rewritten
 model must give the original's outputs on ORT CPU through the function bodies (fp32, rel err < 1e-5),
 at shapes other than the export's.
@@ -34,7 +35,11 @@ def test_every_layer_norm_and_gelu_fused_and_outputs_equal(built, tmp_path, name
     before, after = rep.ops_before, rep.ops_after
     layer_norms = before["LayerNormalization"] or before["ReduceMean"] // 2
     assert layer_norms > 0
-    assert after["ai.ort_triton.LayerNorm"] + after["ai.ort_triton.AddLayerNorm"] == layer_norms, after
+    embed = 0 if models.is_vision(model) else 1  # BERT, RoBERTa, DistilBERT: one embeddings norm
+    assert after["ai.ort_triton.EmbedLayerNorm"] == embed, (after, rep.rules["embed_layer_norm"])
+    assert after["ai.ort_triton.LayerNorm"] + after["ai.ort_triton.AddLayerNorm"] + embed == layer_norms, after
+    if embed:  # the lookups went into the op (torchscript's shape arithmetic keeps Gathers of its own)
+        assert after["Gather"] < before["Gather"] - (1 if model.config.model_type == "distilbert" else 2), after
     assert after["LayerNormalization"] == after["ReduceMean"] == after["Gelu"] == after["Erf"] == 0, after
     layers = getattr(model.config, "num_hidden_layers", None) or model.config.n_layers
     assert after["ai.ort_triton.BiasGelu"] == layers, after
