@@ -16,7 +16,7 @@ import argparse
 import functools
 import json
 
-from ..ops.layer_norm import BLOCKS, launch_config, layout
+from ..ops.layer_norm import block_layout, launch_config, layout
 from ..ops.tune_space import layout_width
 
 
@@ -37,8 +37,8 @@ def main(argv=None) -> None:
     out = []
     for n in map(int, args.rows.split(",")):
         for h in map(int, args.hidden.split(",")):
-            block = {"BLOCK_H": next(b for b in BLOCKS if b >= h), "CHUNKS": 1}
-            layouts = {"thirds": layout(h), "block": block} if layout(h)["CHUNKS"] != 1 else {"block": block}
+            block = block_layout(h)
+            layouts = {"thirds": layout(h), "block": block} if layout(h) != block else {"block": block}
             x = torch.randn(n, h, device="cuda", dtype=torch.float16)
             r = torch.randn_like(x)
             g, b, c = (torch.randn(h, device="cuda", dtype=x.dtype) for _ in range(3))

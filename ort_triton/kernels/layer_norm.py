@@ -101,9 +101,10 @@ def layer_norm(x, gamma, beta, skip=None, epsilon=1e-5, store_sum=False, *, bias
     skip = skip.contiguous() if skip is not None else None
     n_rows = x.numel() // h
     lay = lay or layout(h)
-    if lay["BLOCK_H"] * lay["CHUNKS"] < h or (lay["CHUNKS"] != 1 and lay["BLOCK_H"] * lay["CHUNKS"] != h):
+    width = layout_width(lay)
+    if width < h or (lay["CHUNKS"] != 1 and width != h):  # three blocks are full: no tail mask
         raise ValueError(f"layer_norm: layout {lay} does not fit H={h}")
-    rows, warps = config or launch_config(layout_width(lay), skip is not None, store_sum, n_rows=n_rows)
+    rows, warps = config or launch_config(width, skip is not None, store_sum, n_rows=n_rows)
     y = out if out is not None else torch.empty_like(x)
     s = (sum_out if sum_out is not None else torch.empty_like(x)) if store_sum else None
     layer_norm_fwd[(triton.cdiv(n_rows, rows),)](

@@ -31,11 +31,14 @@ BLOCKS = (256, 1024, 2048, 4096, 8192, 16384)
 THIRDS = (768, 1536, 3072)  # hidden sizes laid out as three full blocks of H / 3
 
 
+def block_layout(h: int) -> dict:
+    """One power-of-two block of BLOCKS that holds h, the tail masked."""
+    return {"BLOCK_H": next(b for b in BLOCKS if b >= h), "CHUNKS": 1}
+
+
 def layout(h: int) -> dict:
     """The layout constexprs for hidden size h: three blocks of h / 3 for h in THIRDS, else one block."""
-    if h in THIRDS:
-        return {"BLOCK_H": h // 3, "CHUNKS": 3}
-    return {"BLOCK_H": next(b for b in BLOCKS if b >= h), "CHUNKS": 1}
+    return {"BLOCK_H": h // 3, "CHUNKS": 3} if h in THIRDS else block_layout(h)
 
 
 KERNEL = Kernel(
