@@ -10,7 +10,7 @@ the chain is a pre-LN residual stream (y, s <- op(y, s)): every sum is read by t
 arena reuses its buffers and 65536 x 8192 fits many sessions at once. Timed with CUDA events over
 interleaved rounds (every session of a shape in each round). Each variant runs in --instances sessions of
 its own: one session's buffers land where they land, and identical kernels in two sessions differ by up
-to ~5% at 65536 rows (session 10), so a variant's time is the median over its sessions of each one's
+to 6% at 65536 rows (session 10), so a variant's time is the median over its sessions of each one's
 median, and the spread over them is reported with it.
 Bytes per node: LayerNorm reads X and writes Y (2 tensors),
 with a residual it also reads the skip (3), and writes the sum when asked (4); gamma/beta are noise.
