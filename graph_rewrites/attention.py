@@ -314,6 +314,10 @@ class DecomposedAttentionRule(_AttentionRule):
             if value is None or not value <= DROPS:
                 return result.fail(f"the Where fill {fill.name} is not a constant <= {DROPS:g}", fill)
             if math.isfinite(value):  # a fully padded row is uniform; finfo.min swamps every score alike
+                if dtype == ir.DataType.FLOAT16:  # ... in fp32 and bf16; fp16's -65504 is a shift in fp32
+                    return result.fail(f"the float16 Where fill {fill.name} ({value:g}) makes a fully padded row "
+                                       "the mean of V, which MultiHeadAttention cannot give in float16 (its "
+                                       "finfo.min does not swamp a score in float32)", fill)
                 value = float(ml_dtypes.finfo(dtype.numpy()).min)
         if value == -math.inf and not guarded:
             return result.fail("a fully padded row gives NaN here (a -inf mask and no IsNaN guard); the op "

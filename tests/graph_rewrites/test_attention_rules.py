@@ -293,11 +293,15 @@ def test_every_layer_shares_one_mask_proof_and_the_mask_subgraph_goes():
     assert_same(m, out)
 
 
-def test_float16_where_select_gets_float16_finfo_min():
+def test_float32_where_select_gets_float32_finfo_min():
+    out, node = fuse(model(lambda g, x, am: attention(g, x, am, mask="where", fill=-1e4)))
+    assert key_bias_fill(out, node) == float(np.finfo(np.float32).min)  # swamps the scores: padded rows uniform
+
+
+def test_refuses_float16_where_select():
+    # a fully padded row is the mean of V there; float16's finfo.min would shift its scores, not swamp them
     m = model(lambda g, x, am: attention(g, x, am, mask="where", fill=-1e4), dtype=TensorProto.FLOAT16)
-    out, node = fuse(m)
-    assert key_bias_fill(out, node) == float(np.finfo(np.float16).min)
-    onnx.checker.check_model(out)
+    assert "cannot give in float16" in refusal(m)
 
 
 # ---- ONNX Attention (opset 23) --------------------------------------------------------------------

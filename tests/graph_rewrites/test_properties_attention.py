@@ -27,9 +27,9 @@ defects: float64, head dims 16/24/48, grouped-query heads, is_causal, softcap, p
 elsewhere, a finite additive mask (Where(keep, 0, finfo.min) or (1 - m) * finfo.min).
 A few draws of both run the whole pipeline, which must fuse the same.
 
-Finding (an xfail(strict) test at the end; the generators stay off it): float16 Where(keep, scores, fill)
-changes fully padded rows. (Fixed, with tests that now pass: commuted Add/Mul operands; K/V biases that did
-not fold without a mask; a shape-only mask refused at a static batch > 1.)
+Findings, each fixed, with a test at the end: commuted Add/Mul operands; K/V biases that did not fold
+without a mask; a shape-only mask refused at a static batch > 1; float16 Where(keep, scores, finite fill)
+changed fully padded rows (now refused, and drawn by the generators as a defect).
 """
 
 import math
@@ -286,7 +286,7 @@ def _scale_values(dtype):
 
 
 DECOMPOSED_DEFECTS = ("double", "head_dim", "runtime_scale", "zero_scale", "softmax_axis", "fill_keeps_keys",
-                      "unguarded_inf", "inner_leak")
+                      "unguarded_inf", "inner_leak", "fp16_select_fill")
 
 
 @st.composite
@@ -328,24 +328,21 @@ def decomposed_params(draw, defect=None, dtype=None):
         p["fill"], p["guard"] = (-1.0, p["guard"]) if defect == "fill_keeps_keys" else (-math.inf, False)
     elif defect == "inner_leak":
         p["leak"] = draw(st.sampled_from(LEAKS))
+    elif defect == "fp16_select_fill":
+        p.update(dtype="float16", mask="where", mask_as="select", fill=draw(st.sampled_from(["min", -1e4])))
     p = params(**p)
+    if defect != "fp16_select_fill" and _fp16_select_fill(p):
+        p["mask_as"] = "add"  # that form is the defect above
     if p["fill"] == -math.inf:  # -inf, or -1e9 in float16
         if p["mask"] == "sub_mul":  # (1 - 1) * -inf is NaN: no exporter writes it
             p["fill"] = float(np.finfo(DTYPES[p["dtype"]]).min)
         elif defect != "unguarded_inf":
             p["guard"] = True  # -inf comes with sdpa's IsNaN guard
-    return _avoid_findings(p)
-
-
-def _avoid_findings(p):
-    """Keep the generators off the known findings (each has its xfail test below)."""
-    if p["dtype"] == "float16" and _fp16_select_fill(p):
-        p["padded_row"] = False  # a changed result there: test_fp16_select_fill_on_a_fully_padded_row
     return p
 
 
 def _fp16_select_fill(p) -> bool:
-    return p["mask"] == "where" and p.get("mask_as") == "select" and -math.inf < p["fill"] <= -1e4
+    return p["dtype"] == "float16" and p["mask"] == "where" and p["mask_as"] == "select" and math.isfinite(p["fill"])
 
 
 def _attention_mask(rng, p):
@@ -403,6 +400,8 @@ def decomposed_defects(p) -> list[str]:
                        else "is not a constant <=")
         elif fill == -math.inf and not p["guard"]:
             out.append("gives NaN here")
+        elif _fp16_select_fill(p):
+            out.append("cannot give in float16")
     return out
 
 
@@ -606,7 +605,7 @@ def onnx_attention_params(draw, defect=None, dtype=None):
         p["four_d"], p["leak"] = True, True
     elif defect == "finite_mask":
         p["mask"] = draw(st.sampled_from(["add_min", "sub_mul"]))
-    return _avoid_findings(p)
+    return p
 
 
 def onnx_attention_defects(p) -> list[str]:
@@ -684,13 +683,8 @@ def test_the_whole_pipeline_fuses_the_same(case):
     assert not others and rep.ops_after == alone.ops_after, (others, rep.ops_after, alone.ops_after)
 
 
-# ---- findings: forms the rules document but do not take, and a changed result -----------------------------
-# Each test asserts what the rules should do; xfail(strict) with raises=AssertionError, so only that assertion
-# may fail: a broken precondition (or a changed result where the result is not the finding) is pytest.fail.
-
-def _finding(reason):
-    return pytest.mark.xfail(strict=True, raises=AssertionError, reason=reason)
-
+# ---- findings, each fixed: what the rules now do ---------------------------------------------------------
+# A changed result where the finding is not about the result is pytest.fail, not a plain assertion.
 
 def _optimize_checked(p, builder=decomposed_model):
     model, feeds = builder(p)
@@ -732,13 +726,13 @@ def test_static_shape_mask_that_keeps_every_key(builder, overrides):
     assert rep.ops_after[MHA] == 1, _refusals(rep)
 
 
-@_finding("float16 Where(keep, scores, -1e4) fuses with key_bias fill finfo(float16).min = -65504, which does not "
-          "swamp the scores in float32 arithmetic (ORT CPU runs the body's Add + Softmax in float32, the kernel "
-          "computes in float32): a fully padded row becomes softmax(scores) V, not the original's mean of V")
-def test_fp16_select_fill_on_a_fully_padded_row():
-    p = params(dtype="float16", mask_as="select", fill=-1e4, padded_row=True)
+@pytest.mark.parametrize("fill", [-1e4, "min"])
+def test_fp16_select_fill_is_refused(fill):
+    """Once a finding (a changed result): float16 Where(keep, scores, fill) fused with key_bias = -65504, which
+    in float32 arithmetic shifts a fully padded row's scores instead of swamping them, so that row became
+    softmax(scores) V, not the original's mean of V. Now refused, with the reason; the output is the original's."""
+    p = params(dtype="float16", mask_as="select", fill=fill, padded_row=True)
     model, feeds = decomposed_model(p)
     out, rep = _optimize(model)
-    if rep.rules["attention"].matched != 1:
-        pytest.fail(f"the layer is not fused: {_refusals(rep)}")
     _same(model, out, feeds, TOL["float16"])
+    assert rep.rules["attention"].matched == 0 and any("cannot give in float16" in r for r in _refusals(rep))
