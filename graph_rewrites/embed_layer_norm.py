@@ -1,8 +1,8 @@
 """BERT-family embeddings: LayerNorm((word[ids] + type[tt]) + pos[pp]) -> EmbedLayerNorm. Contract:
 ort_triton/ops/embed_layer_norm.py.
 
-Stage 2: every layer normalisation with a beta is an ot.LayerNorm by then (stage 1), and none has taken in
-its Add yet (add_layer_norm is stage 3, and takes RoBERTa's, whose Add operands have equal shapes, but not
+Stage 3: every layer normalisation is an ot.LayerNorm by then (stages 1-2), and none has taken in its Add
+yet (add_layer_norm is stage 4, and takes RoBERTa's, whose Add operands have equal shapes, but not
 BERT's, whose position rows broadcast), so the rule sees one form for every exporter. The ids' subgraphs
 (BERT's constant position slice, RoBERTa's CumSum over the padding mask, the token-type buffer's Expand) stay
 in the graph and feed the op. DistilBERT adds two lookups: the rule gives it a [1, H] zero token-type table

@@ -7,7 +7,7 @@ Why: the Gemm hides the bias from the rules that fold a MatMul's bias Add into w
 inside the Gemm is not free either: ORT's CUDA Gemm first writes b broadcast over the whole [M, N] output
 (a K=1 cuBLAS GEMM with a ones vector) and the main GEMM then reads it back (beta=1): a full write and
 read of the output and a launch, what a separate Add costs. Folded into BiasGelu/AddLayerNorm, which read
-the activation anyway, it costs nothing. Stage 1, so stages 2-5 see MatMul + Add.
+the activation anyway, it costs nothing. Stage 1, so stages 2-6 see MatMul + Add.
 
 Why it is exact. A Reshape is a row-major reinterpretation, and the Gemm works row by row: row m of
 Reshape(x, [M, K]) times W plus b is row m of the output, and the outer Reshape lays those rows out along

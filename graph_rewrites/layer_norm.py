@@ -1,8 +1,8 @@
 """LayerNorm fusions: ONNX LayerNormalization and its decomposed form -> LayerNorm; a residual Add in
 front of either -> AddLayerNorm. Contracts: ort_triton/ops/layer_norm.py.
 
-Stages 1-2 turn every layer normalisation into ot.LayerNorm; stage 3 folds a residual Add into it (so
-the residual rules see one form whatever the exporter wrote), stage 5 the bias of the MatMul that feeds
+Stages 1-2 turn every layer normalisation into ot.LayerNorm; stage 4 folds a residual Add into it (so
+the residual rules see one form whatever the exporter wrote), stage 6 the bias of the MatMul that feeds
 the residual.
 """
 

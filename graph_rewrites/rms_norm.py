@@ -11,7 +11,7 @@ an fp32 model), and the dynamo exporter as the same chain with Reciprocal for th
 as an input (opset 18+) and no-op Casts dropped. In an fp32 TorchScript export the first Cast's output is
 also the residual (`.to(float32)` of an fp32 tensor returns the tensor itself, so the tracer hands later
 uses of it the Cast's output): there the Cast stays and the norm starts after it, so each Cast is
-optional on its own (the rules with the Cast run first). Stage 1 turns every form into ot.RMSNorm; stage 3 folds
+optional on its own (the rules with the Cast run first). Stage 1 turns every form into ot.RMSNorm; stage 4 folds
 the residual Add in front (the pre-norm residual stream: `h = residual + attn_out; residual = h;
 h = norm(h)`) into ot.AddRMSNorm, keeping the sum as an output when it is read again.
 """
