@@ -314,17 +314,20 @@ class OrtTritonTunedCudaGraph(OrtTritonTuned):
     cuda_graph = True
 
 
-class OrtTritonUnpacked(OrtTriton):
-    """ort_triton without packing Q/K/V (graph_rewrites/pack_qkv.py): three projection GEMMs and
-    MultiHeadAttention, beside the packed default in the same run (opt-in: --runtimes)."""
+def _ablation(name: str, disable: tuple[str, ...], doc: str) -> tuple[type[OrtTriton], type[OrtTriton]]:
+    """ort_triton with `disable`'s rules off, and its CUDA-graph twin: beside the default fusion in the same
+    run, what those rules buy (opt-in: --runtimes)."""
+    plain = type(f"OrtTriton_{name}", (OrtTriton,), dict(name=f"ort_triton_{name}", disable=disable, __doc__=doc))
+    graph = type(f"OrtTriton_{name}_cuda_graph", (plain,), dict(name=f"ort_triton_{name}_cuda_graph", cuda_graph=True))
+    return plain, graph
 
-    name = "ort_triton_unpacked"
-    disable = ("pack_qkv",)
 
-
-class OrtTritonUnpackedCudaGraph(OrtTritonUnpacked):
-    name = "ort_triton_unpacked_cuda_graph"
-    cuda_graph = True
+# name: (rules turned off, what the runtime is)
+ABLATIONS = {
+    "unpacked": (("pack_qkv",), "three projection GEMMs and MultiHeadAttention, not one packed GEMM"),
+    "unfused_embeddings": (("embed_layer_norm",), "the embeddings' Gathers and Adds, then AddLayerNorm"),
+}
+_ABLATED = [cls for name, (rules, doc) in ABLATIONS.items() for cls in _ablation(name, rules, doc)]
 
 
 # ---- PyTorch ---------------------------------------------------------------------------------------
@@ -522,10 +525,11 @@ class TensorRT(Runtime):
 RUNTIMES: dict[str, type[Runtime]] = {cls.name: cls for cls in (
     OrtStock, OrtStockCudaGraph, OrtOptimizer, OnnxscriptFusions, OrtTriton, OrtTritonCudaGraph,
     TorchEager, TorchCompile, TorchCompileCudaGraph, TensorRT, OrtOptimizerSameExport, OrtTritonTuned,
-    OrtTritonTunedCudaGraph, OrtTritonUnpacked, OrtTritonUnpackedCudaGraph)}
+    OrtTritonTunedCudaGraph, *_ABLATED)}
 # what runs when --runtimes is not given: the tuned library (it needs a tuning table first) and the
 # ablations are opt-in
-DEFAULT_RUNTIMES = tuple(n for n in RUNTIMES if not n.startswith(("ort_triton_tuned", "ort_triton_unpacked")))
+DEFAULT_RUNTIMES = tuple(n for n in RUNTIMES
+                         if not n.startswith(("ort_triton_tuned", *(f"ort_triton_{a}" for a in ABLATIONS))))
 # ort_triton's own rows; every other runtime is a peer ("best peer" in the report)
 OURS = ("ort_triton", "ort_triton_cuda_graph", "ort_triton_tuned", "ort_triton_tuned_cuda_graph",
-        "ort_triton_unpacked", "ort_triton_unpacked_cuda_graph")
+        *(cls.name for cls in _ABLATED))
