@@ -1,16 +1,32 @@
 #!/usr/bin/env bash
-# Session 11's first call (carry [".ortgpu", ".ortinc"], start with `source .ortgpu/activate.sh &&`), each step
-# bounded so the call ends inside 10 minutes:
-# 1. every GPU test and every kernel test natively on CUDA (EmbedLayerNorm's first GPU run among them);
-# 2. what EmbedLayerNorm buys end to end: BERT-base fp16 with CUDA graphs, the embeddings fused against
-#    unfused (the ablation runtime), in alternating rounds (bench.ab).
+# Session 11's GPU calls (carry [".ortgpu", ".ortinc"], start with `source .ortgpu/activate.sh &&`); STEPS picks
+# them (default "tests ab"), each bounded so a call ends inside 10 minutes:
+#   tests     every GPU test and every kernel test natively on CUDA (EmbedLayerNorm's first GPU run, and
+#             tests/ops/test_numerics.py's NaN/inf cases among them);
+#   ab        what EmbedLayerNorm buys end to end: BERT-base fp16 with CUDA graphs, the embeddings fused
+#             against unfused (the ablation runtime), in alternating rounds (bench.ab);
+#   sanitize  compute-sanitizer memcheck and racecheck over the ORT-level GPU tests, our kernels only.
 source "$(dirname "$0")/gpu_env.sh"
-timeout "${TEST_TIMEOUT:-280}" python3 -m pytest -q -p no:cacheprovider -W ignore --tb=short -x \
-  ${PYTEST_PATHS:-tests/gpu tests/ops} > "$OUT/gpu_tests.log" 2>&1
-echo "pytest exit $?"
-grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -8
-grep -m1 -B2 -A40 "^_____" "$OUT/gpu_tests.log"
-[ "${AB:-1}" = 1 ] || exit 0
-timeout "${AB_TIMEOUT:-220}" python3 -m ort_triton.bench.ab --hf-config bert-base \
-  --a ort_triton_unfused_embeddings_cuda_graph --b ort_triton_cuda_graph --shapes "${SHAPES:-1x128,8x128,8x512,32x512}" \
-  --rounds "${ROUNDS:-6}" --json "$OUT/ab_embed_layer_norm.json" 2>&1 | filter | tail -20
+for step in ${STEPS:-tests ab}; do
+  case $step in
+  tests)
+    timeout "${TEST_TIMEOUT:-280}" python3 -m pytest -q -p no:cacheprovider -W ignore --tb=short \
+      ${PYTEST_PATHS:-tests/gpu tests/ops} > "$OUT/gpu_tests.log" 2>&1
+    echo "pytest exit $?"
+    grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -12
+    grep -m1 -B2 -A40 "^_____" "$OUT/gpu_tests.log" ;;
+  ab)
+    timeout "${AB_TIMEOUT:-220}" python3 -m ort_triton.bench.ab --hf-config bert-base \
+      --a ort_triton_unfused_embeddings_cuda_graph --b ort_triton_cuda_graph --shapes "${SHAPES:-1x128,8x128,8x512,32x512}" \
+      --rounds "${ROUNDS:-6}" --json "$OUT/ab_embed_layer_norm.json" 2>&1 | filter | tail -20 ;;
+  sanitize)
+    kernels=$(python3 -c "from ort_triton.ops import ALL_OPS; print('|'.join(sorted({o.kernel.fn_name for o in ALL_OPS})))")
+    for tool in memcheck racecheck; do
+      timeout "${SANITIZE_TIMEOUT:-270}" compute-sanitizer --tool $tool --kernel-regex kns="$kernels" \
+        --error-exitcode 97 --print-limit 20 python3 -m pytest -q -x -p no:cacheprovider -W ignore \
+        ${SANITIZE_TESTS:-tests/gpu -k ort} > "$OUT/sanitize_$tool.log" 2>&1
+      echo "compute-sanitizer $tool: exit $?; $(grep -h "ERROR SUMMARY" "$OUT/sanitize_$tool.log" | tail -1)"
+      grep -E "passed|failed" "$OUT/sanitize_$tool.log" | tail -1
+    done ;;
+  esac
+done

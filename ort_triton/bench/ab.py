@@ -133,39 +133,44 @@ def bench_decoder(model: str, a: str, b: str, prefill, decode, *, dtype="float16
             if reason:
                 failed = dict(status="skipped", error=f"{rt.name} cannot run here: {reason}")
                 break
-        for side, rt in rts.items():
+        started = []  # stopped on every way out: a B that fails to start must not leave A's sessions behind
+        try:
+            for side, rt in rts.items():
+                if failed:
+                    break
+                try:
+                    rt.start(m)
+                except Exception as e:  # noqa: BLE001
+                    failed = dict(status="error", error=f"{rt.name} failed to start: {_short(e)}")
+                    break
+                started.append(rt)
+                info[side] = rt.info
             if failed:
-                break
-            try:
-                rt.start(m)
-            except Exception as e:  # noqa: BLE001
-                failed = dict(status="error", error=f"{rt.name} failed to start: {_short(e)}")
-                break
-            info[side] = rt.info
-        if failed:
-            info["error"] = failed["error"]
-            rows = [dict(_decoder_row(p, bs, n, a, b), **failed) for p, bs, n in shapes]
-            if save:
-                save(rows)
-            return rows, info
-        clock = Clock(device)
-        log(f"{model} {dtype} ({m.params / 1e6:.1f} M parameters) on {device}: B={b} against A={a}, "
-            f"{rounds} alternating rounds of {iters} calls each")
-        for phase, bs, n in shapes:
-            row = compare_decoder(rts["a"], rts["b"], m, phase, bs, n, clock, rounds, iters, warmup)
-            rows.append(row)
+                info["error"] = failed["error"]
+                rows = [dict(_decoder_row(p, bs, n, a, b), **failed) for p, bs, n in shapes]
+                if save:
+                    save(rows)
+                return rows, info
+            clock = Clock(device)
+            log(f"{model} {dtype} ({m.params / 1e6:.1f} M parameters) on {device}: B={b} against A={a}, "
+                f"{rounds} alternating rounds of {iters} calls each")
+            for phase, bs, n in shapes:
+                row = compare_decoder(rts["a"], rts["b"], m, phase, bs, n, clock, rounds, iters, warmup)
+                rows.append(row)
+                _release(device)
+                label = f"{phase:7} {bs}x{n:<6}"
+                if row["status"] == "ok":
+                    log(f"{label} A {row['a_ms']:8.3f} ms  B {row['b_ms']:8.3f} ms  B/A speedup "
+                        f"{row['speedup']:.3f}x (rounds {row['ratio_min']:.3f}-{row['ratio_max']:.3f}), "
+                        f"|B-A| {row['max_abs_diff_b_vs_a']:.2e}")
+                else:
+                    log(f"{label} {row['status']}: {row['error']}")
+                if save:
+                    save(rows)
+        finally:
+            for rt in started:
+                rt.stop()
             _release(device)
-            label = f"{phase:7} {bs}x{n:<6}"
-            if row["status"] == "ok":
-                log(f"{label} A {row['a_ms']:8.3f} ms  B {row['b_ms']:8.3f} ms  B/A speedup {row['speedup']:.3f}x "
-                    f"(rounds {row['ratio_min']:.3f}-{row['ratio_max']:.3f}), |B-A| {row['max_abs_diff_b_vs_a']:.2e}")
-            else:
-                log(f"{label} {row['status']}: {row['error']}")
-            if save:
-                save(rows)
-        for rt in rts.values():
-            rt.stop()
-        _release(device)
     return rows, info
 
 

@@ -130,3 +130,35 @@ def test_cli_a_a_on_cpu(tmp_path, capsys):
     static = sorted(p.name for p in work.glob("*.ort_triton_static.*.onnx"))
     assert static == ["llama-tiny.float32.ort_triton_static.1x1x21.onnx",
                       "llama-tiny.float32.ort_triton_static.2x9x9.onnx"]
+
+
+def test_a_started_runtime_is_stopped_when_b_fails_to_start(monkeypatch):
+    """B's start raises after A's has succeeded: A's sessions are stopped, and every row says why."""
+    from ort_triton.bench import decoder
+
+    events = []
+
+    class Lifecycle:
+        name, info = "fine", "a info"
+
+        def available(self, m):
+            return None
+
+        def start(self, m):
+            events.append(f"start {self.name}")
+
+        def stop(self):
+            events.append(f"stop {self.name}")
+
+    class Broken(Lifecycle):
+        name = "broken"
+
+        def start(self, m):
+            raise RuntimeError("no session")
+
+    monkeypatch.setattr(decoder, "Model", lambda *args: FakeModel())
+    monkeypatch.setattr(decoder, "ALL", {"fine": Lifecycle, "broken": Broken})
+    rows, info = ab.bench_decoder("llama-tiny", "fine", "broken", [(1, 8)], [(1, 8)], device="cpu")
+    assert events == ["start fine", "stop fine"]
+    assert "broken failed to start: RuntimeError: no session" in info["error"]
+    assert [r["status"] for r in rows] == ["error", "error"]
