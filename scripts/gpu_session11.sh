@@ -5,7 +5,9 @@
 #             tests/ops/test_numerics.py's NaN/inf cases among them);
 #   ab        what EmbedLayerNorm buys end to end: BERT-base fp16 with CUDA graphs, the embeddings fused
 #             against unfused (the ablation runtime), in alternating rounds (bench.ab);
-#   sanitize  compute-sanitizer memcheck and racecheck over the ORT-level GPU tests, our kernels only.
+#   sanitize  compute-sanitizer memcheck and racecheck over the ORT-level GPU tests, our kernels only;
+#   ln        issue 2: candidate launch tables (LN_CANDIDATES, scripts/gpu_env.sh) beside the default in the ORT
+#             chains at the cells still behind ORT's kernel, three sessions a variant.
 source "$(dirname "$0")/gpu_env.sh"
 for step in ${STEPS:-tests ab}; do
   case $step in
@@ -27,6 +29,13 @@ for step in ${STEPS:-tests ab}; do
         ${SANITIZE_TESTS:-tests/gpu -k ort} > "$OUT/sanitize_$tool.log" 2>&1
       echo "compute-sanitizer $tool: exit $?; $(grep -h "ERROR SUMMARY" "$OUT/sanitize_$tool.log" | tail -1)"
       grep -E "passed|failed" "$OUT/sanitize_$tool.log" | tail -1
+    done ;;
+  ln)
+    ln_libraries || exit 1
+    for rows in 4096 65536; do
+      timeout "${LN_TIMEOUT:-150}" python3 -m ort_triton.bench.layer_norm "${LN_LIBS[@]}" --instances 3 --rows $rows \
+        --hidden "${LN_HIDDEN:-1024,4096,8192}" --json "$OUT/ln_candidates_$rows.json" 2>&1 |
+        grep -v CleanUnusedInitializers | tail -30
     done ;;
   esac
 done
