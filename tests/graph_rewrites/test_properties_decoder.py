@@ -6,12 +6,14 @@ Variants: hidden sizes 1..64, batch ranks 1-3; RMSNorm with Pow or Mul for the s
 Div(1, .) or Div(x, .), the weight on either side, an optional no-op Cast pair, a residual Add that is
 equal-shaped or broadcasting, its sum read again or not, the mean square also read elsewhere (must not
 fuse), two norms sharing a weight; SiluMul with either operand order and Sigmoid(g) read elsewhere (must
-not fuse); rotary on [B, N, S, D] with cos/sin [B or 1, 1, S, D], either Add order.
+not fuse); rotary on [B, N, S, D] with cos/sin [B or 1, 1, S, D], either Add order; ONNX RMSNormalization
+(opset 23) with the same residual forms, and over another axis or with stash_type 0 (refused).
 """
 
 import numpy as np
 import onnxruntime as ort
-from hypothesis import HealthCheck, given, settings
+import pytest
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
@@ -53,6 +55,19 @@ def _refusals(rep) -> list[str]:
     return [r.reason for s in rep.rules.values() for r in s.refused]
 
 
+def _residual_add(rng, residual, h, inits, inputs, nodes) -> str:
+    """s = x + r in front of a norm (r an [H] initializer when `residual` is "broadcast", else an input of x's
+    shape); returns the norm's input ("x" when `residual` is "none")."""
+    if residual == "none":
+        return "x"
+    if residual == "broadcast":
+        inits.append(_c("r", rng.normal(size=h)))
+    else:
+        inputs.append("r")
+    nodes.append(n("Add", ["x", "r"], ["s"]))
+    return "s"
+
+
 @st.composite
 def rms_graphs(draw):
     rng = np.random.default_rng(draw(st.integers(0, 2**31)))
@@ -66,14 +81,7 @@ def rms_graphs(draw):
     second = draw(st.booleans())  # a second norm sharing the weight
     inits = [_c("w", rng.normal(1, 0.3, h)), _c("eps", 1e-6), _c("two", 2.0), _c("one", 1.0)]
     inputs, nodes, outputs = ["x"], [], []
-    src = "x"
-    if residual != "none":
-        if residual == "broadcast":
-            inits.append(_c("r", rng.normal(size=h)))
-        else:
-            inputs.append("r")
-        nodes.append(n("Add", ["x", "r"], ["s"]))
-        src = "s"
+    src = _residual_add(rng, residual, h, inits, inputs, nodes)
 
     def norm(x, y, tag):
         out, xin = [], x
@@ -191,3 +199,53 @@ def test_rotary_variants_fuse_and_keep_results(case):
     out, rep = graph_rewrites.optimize(model, report=True)
     _same(model, out, feeds)
     assert rep.ops_after["ai.ort_triton.Rotary"] == 1, (dict(rep.ops_after), _refusals(rep))
+
+
+# ---- ONNX RMSNormalization (opset 23), with the residual Add --------------------------------------------
+@st.composite
+def rms_op_graphs(draw, defect="none"):
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    h = draw(st.integers(1, 64))
+    shape = [*draw(st.lists(st.integers(1, 4), min_size=1, max_size=2)), h]
+    residual = draw(st.sampled_from(["none", "post", "keep_sum", "broadcast"]))
+    attrs = dict(epsilon=draw(st.sampled_from([1e-6, 1e-5, 0.1])))
+    scale_shape = [h]
+    if defect == "axis":
+        attrs["axis"] = len(shape) - 2
+        scale_shape = shape[-2:]
+    elif defect == "stash_type":
+        attrs["stash_type"] = 0
+    inits, inputs, nodes, outputs = [_c("scale", rng.normal(1, 0.3, scale_shape))], ["x"], [], ["y"]
+    src = _residual_add(rng, residual, h, inits, inputs, nodes)
+    if residual == "keep_sum":
+        outputs.append("s")
+    nodes.append(n("RMSNormalization", [src, "scale"], ["y"], **attrs))
+    model = _model(nodes, [_vi(i, shape) for i in inputs], [_vi(o, None) for o in outputs], inits,
+                   opset=23)
+    feeds = {i: rng.normal(0.3, 2.0, shape).astype(np.float32) for i in inputs}
+    if residual == "broadcast" and len(shape) == 1:
+        residual = "post"
+    return model, feeds, residual
+
+
+@SETTINGS
+@given(rms_op_graphs())
+def test_rms_normalization_op_fuses_and_keeps_results(case):
+    model, feeds, residual = case
+    event(f"residual: {residual}")
+    out, rep = graph_rewrites.optimize(model, report=True)
+    _same(model, out, feeds)
+    after = rep.ops_after
+    assert after["RMSNormalization"] == 0 and rep.rules["rms_norm"].matched == 1, dict(after)
+    folded = residual in ("post", "keep_sum")
+    assert after["ai.ort_triton.AddRMSNorm"] == folded and after["Add"] == (residual == "broadcast"), dict(after)
+
+
+@pytest.mark.parametrize("defect, reason", [("axis", "not the last axis"), ("stash_type", "stash_type")])
+@settings(SETTINGS, max_examples=6)
+@given(data=st.data())
+def test_rms_normalization_op_defects_are_refused(defect, reason, data):
+    model, feeds, _ = data.draw(rms_op_graphs(defect), label="case")
+    out, rep = graph_rewrites.optimize(model, report=True)
+    _same(model, out, feeds)
+    assert rep.ops_after["RMSNormalization"] == 1 and any(reason in r for r in _refusals(rep))

@@ -1,20 +1,20 @@
-"""Property tests (hypothesis) for the rules the other property files leave out: ONNX's own RMSNormalization
-(opset 23), RotaryEmbedding (23) and Swish (24), the partial rotary (Phi, GPT-NeoX) and the MatMul bias folded
-into AddLayerNorm (bias_add_layer_norm). Each generated graph is either fused and gives the original's outputs
-(ORT CPU, function bodies), or left alone with the reason in the report. Never a changed result.
+"""Property tests (hypothesis) for the rules the other property files leave out: ONNX's own RotaryEmbedding
+(opset 23) and Swish (24), the partial rotary (Phi, GPT-NeoX) and the MatMul bias folded into AddLayerNorm
+(bias_add_layer_norm); ONNX RMSNormalization is in test_properties_decoder.py. Each generated graph is either
+fused and gives the original's outputs (ORT CPU, function bodies), or left alone with the reason in the
+report. Never a changed result.
 
-Variants: hidden and head sizes from 1 (odd ones included), batch ranks, epsilon, a residual Add before the
-norm (equal-shaped, broadcasting, its sum read again); rotary interleaved or half-split, full or partial,
-cos/sin per batch or shared; Swish's alpha and the product's operand order; the bias Add's and the residual
-Add's operand orders, LayerNormalization or its decomposition, the sum kept. Defects, each refused with its
-reason: RMSNormalization over another axis or with stash_type 0, RotaryEmbedding with position_ids, Swish
-with alpha != 1, a partial rotary whose pass-through leaves a gap, a [1, H] bias row.
+Variants: head sizes from 2 and hidden sizes from 1, batch ranks; rotary interleaved or half-split, full or
+partial, cos/sin per batch or shared; Swish's alpha and the product's operand order; the bias Add's and the
+residual Add's operand orders, LayerNormalization or its decomposition, the sum kept, the bias an initializer
+or a graph input. Defects, each refused with its reason: RotaryEmbedding with position_ids, Swish with
+alpha != 1, a partial rotary whose pass-through leaves a gap, a [1, H] bias row.
 """
 
 import numpy as np
 import onnxruntime as ort
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
@@ -56,59 +56,6 @@ def _optimize_same(model, feeds):
 
 def _reasons(rep, rule):
     return [r.reason for r in rep.rules[rule].refused]
-
-
-# ---- ONNX RMSNormalization (opset 23), with the residual Add --------------------------------------------
-@st.composite
-def rms_op_graphs(draw, defect="none"):
-    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
-    h = draw(st.integers(1, 64))
-    shape = [*draw(st.lists(st.integers(1, 4), min_size=1, max_size=2)), h]
-    residual = draw(st.sampled_from(["none", "post", "keep_sum", "broadcast"]))
-    attrs = dict(epsilon=draw(st.sampled_from([1e-6, 1e-5, 0.1])))
-    scale_shape = [h]
-    if defect == "axis":
-        attrs["axis"] = len(shape) - 2
-        scale_shape = shape[-2:]
-    elif defect == "stash_type":
-        attrs["stash_type"] = 0
-    inits, inputs, nodes, outputs, src = [_c("scale", rng.normal(1, 0.3, scale_shape))], ["x"], [], ["y"], "x"
-    if residual != "none":
-        if residual == "broadcast":
-            inits.append(_c("r", rng.normal(size=h)))
-        else:
-            inputs.append("r")
-        nodes.append(n("Add", ["x", "r"], ["s"]))
-        src = "s"
-        if residual == "keep_sum":
-            outputs.append("s")
-    nodes.append(n("RMSNormalization", [src, "scale"], ["y"], **attrs))
-    model = _model(nodes, [_vi(i, shape) for i in inputs], outputs, inits, opset=23)
-    feeds = {i: rng.normal(0.3, 2.0, shape).astype(np.float32) for i in inputs}
-    if residual == "broadcast" and len(shape) == 1:
-        residual = "post"
-    return model, feeds, residual
-
-
-@SETTINGS
-@given(rms_op_graphs())
-def test_rms_normalization_op_fuses_and_keeps_results(case):
-    model, feeds, residual = case
-    event(f"residual: {residual}")
-    _, rep = _optimize_same(model, feeds)
-    after = rep.ops_after
-    assert after["RMSNormalization"] == 0 and rep.rules["rms_norm"].matched == 1, dict(after)
-    folded = residual in ("post", "keep_sum")
-    assert after["ai.ort_triton.AddRMSNorm"] == folded and after["Add"] == (residual == "broadcast"), dict(after)
-
-
-@pytest.mark.parametrize("defect, reason", [("axis", "not the last axis"), ("stash_type", "stash_type")])
-@DEFECTS
-@given(data=st.data())
-def test_rms_normalization_op_defects_are_refused(defect, reason, data):
-    model, feeds, _ = data.draw(rms_op_graphs(defect), label="case")
-    _, rep = _optimize_same(model, feeds)
-    assert rep.ops_after["RMSNormalization"] == 1 and any(reason in r for r in _reasons(rep, "rms_norm"))
 
 
 # ---- ONNX RotaryEmbedding (opset 23) ---------------------------------------------------------------------
