@@ -20,17 +20,8 @@ python3 -m pytest -q -p no:cacheprovider -W ignore --tb=short ${PYTEST_PATHS:-te
   > "$RES/gpu_tests.log" 2>&1
 grep -E "^(FAILED|ERROR)|passed|failed" "$RES/gpu_tests.log" | tail -15
 grep -m1 -B2 -A30 "^_____" "$RES/gpu_tests.log"   # the first failure, whole
-# SANITIZE=1: compute-sanitizer memcheck and racecheck over the ORT-level GPU tests (the AOT cubins through the
-# native launcher, at the tests' shapes), checking only our kernels (--kernel-regex), so the rest runs at speed.
-if [ "${SANITIZE:-0}" = 1 ]; then
-  kernels=$(python3 -c "from ort_triton.ops import ALL_OPS; print('|'.join(sorted({o.kernel.fn_name for o in ALL_OPS})))")
-  for tool in memcheck racecheck; do
-    compute-sanitizer --tool $tool --kernel-regex kns="$kernels" --error-exitcode 97 --print-limit 20 \
-      python3 -m pytest -q -x -p no:cacheprovider -W ignore ${SANITIZE_TESTS:-tests/gpu -k ort} > "$RES/sanitize_$tool.log" 2>&1
-    echo "compute-sanitizer $tool (kernels $kernels): exit $?; $(grep -h "ERROR SUMMARY" "$RES/sanitize_$tool.log" | tail -1)"
-    grep -E "passed|failed" "$RES/sanitize_$tool.log" | tail -1
-  done
-fi
+# SANITIZE=1: compute-sanitizer memcheck and racecheck over the ORT-level GPU tests (`sanitize` in gpu_env.sh)
+[ "${SANITIZE:-0}" = 1 ] && sanitize "$RES"
 if [ "${SWEEPS:-0}" = 1 ]; then
   python3 -m ort_triton.bench.layer_norm_sweep --rows 65536,4096 --hidden ${SWEEP_HIDDEN:-4096,8192} \
     --modes residual,residual+sum --json "$RES/layer_norm_sweep.json" 2>&1 | tee "$RES/layer_norm_sweep.txt"

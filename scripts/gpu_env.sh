@@ -2,7 +2,7 @@
 # device's Python needs (PYTHONPATH appended to, never replaced: .ortgpu/activate.sh puts onnxruntime-gpu
 # on it), the library built for sm_90 into build/lib and exported as ORT_TRITON_LIBRARY, `filter`, which
 # drops the exporters' and ORT's warning lines from a step's output, and `ln_libraries`, which builds one
-# more library per LayerNorm candidate launch table.
+# more library per LayerNorm candidate launch table, and `sanitize`, compute-sanitizer over GPU tests.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-/tmp/ort_triton_out}
@@ -24,5 +24,21 @@ ln_libraries() {
     name=${cand%%=*}
     ORT_TRITON_LAYER_NORM_LAUNCH=${cand#*=} python3 -m ort_triton build --arch 90 -o "build/ln_$name" -q || return 1
     LN_LIBS+=(--library "$name=$PWD/build/ln_$name/libort_triton.so")
+  done
+}
+
+# sanitize DIR: compute-sanitizer memcheck and racecheck over the ORT-level GPU tests (the AOT cubins through
+# the native launcher, at the tests' shapes; SANITIZE_TESTS, default `tests/gpu -k ort`), checking only our
+# kernels (--kernel-regex) so the rest runs at speed; each tool bounded by SANITIZE_TIMEOUT s (0, the default:
+# none). Logs: DIR/sanitize_TOOL.log.
+sanitize() {
+  local dir=$1 tool kernels
+  kernels=$(python3 -c "from ort_triton.ops import ALL_OPS; print('|'.join(sorted({o.kernel.fn_name for o in ALL_OPS})))")
+  for tool in memcheck racecheck; do
+    timeout "${SANITIZE_TIMEOUT:-0}" compute-sanitizer --tool $tool --kernel-regex kns="$kernels" --error-exitcode 97 \
+      --print-limit 20 python3 -m pytest -q -x -p no:cacheprovider -W ignore ${SANITIZE_TESTS:-tests/gpu -k ort} \
+      > "$dir/sanitize_$tool.log" 2>&1
+    echo "compute-sanitizer $tool (kernels $kernels): exit $?; $(grep -h "SUMMARY" "$dir/sanitize_$tool.log" | tail -1)"
+    grep -E "passed|failed" "$dir/sanitize_$tool.log" | tail -1
   done
 }

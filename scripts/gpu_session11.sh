@@ -21,15 +21,7 @@ for step in ${STEPS:-tests ab}; do
     timeout "${AB_TIMEOUT:-220}" python3 -m ort_triton.bench.ab --hf-config bert-base \
       --a ort_triton_unfused_embeddings_cuda_graph --b ort_triton_cuda_graph --shapes "${SHAPES:-1x128,8x128,8x512,32x512}" \
       --rounds "${ROUNDS:-6}" --json "$OUT/ab_embed_layer_norm.json" 2>&1 | filter | tail -20 ;;
-  sanitize)
-    kernels=$(python3 -c "from ort_triton.ops import ALL_OPS; print('|'.join(sorted({o.kernel.fn_name for o in ALL_OPS})))")
-    for tool in memcheck racecheck; do
-      timeout "${SANITIZE_TIMEOUT:-270}" compute-sanitizer --tool $tool --kernel-regex kns="$kernels" \
-        --error-exitcode 97 --print-limit 20 python3 -m pytest -q -x -p no:cacheprovider -W ignore \
-        ${SANITIZE_TESTS:-tests/gpu -k ort} > "$OUT/sanitize_$tool.log" 2>&1
-      echo "compute-sanitizer $tool: exit $?; $(grep -h "ERROR SUMMARY" "$OUT/sanitize_$tool.log" | tail -1)"
-      grep -E "passed|failed" "$OUT/sanitize_$tool.log" | tail -1
-    done ;;
+  sanitize) SANITIZE_TIMEOUT=${SANITIZE_TIMEOUT:-270} sanitize "$OUT" ;;
   ln)
     ln_libraries || exit 1
     for rows in 4096 65536; do
