@@ -1,7 +1,8 @@
 """Sweep the LayerNorm kernel's launch configuration (rows per program, warps) per hidden size on the GPU:
 the evidence behind ort_triton.ops.layer_norm.launch_config. A size in THIRDS is swept in both layouts,
 its own (three blocks, rows `layout=thirds`) and the one power-of-two block with the tail masked
-(`layout=block`), so the table can say what the layout buys.
+(`layout=block`), so the table can say what the layout buys; `--variants` adds the kernel's eviction hints
+and its looping grid (EVICT:programs, ops/layer_norm.py launch_variant) to each config.
 
     python -m ort_triton.bench.layer_norm_sweep --rows 65536 --hidden 768,1024,4096,8192 --json OUT.json
 
@@ -16,7 +17,7 @@ import argparse
 import functools
 import json
 
-from ..ops.layer_norm import block_layout, launch_config, layout
+from ..ops.layer_norm import block_layout, launch_config, launch_variant, layout
 from ..ops.tune_space import layout_width
 
 
@@ -32,6 +33,10 @@ def main(argv=None) -> None:
     p.add_argument("--modes", default="plain,residual,residual+sum")
     p.add_argument("--rows-per-program", default="1,2,4,8,16", help="the ROWS values to try")
     p.add_argument("--warps", default="1,2,4,8,16", help="the num_warps values to try")
+    p.add_argument("--current", action="store_true", help="only the launch table's (ROWS, warps) for each "
+                   "shape and mode, in place of --rows-per-program x --warps")
+    p.add_argument("--variants", default="0:0", help="EVICT:programs pairs to try for each config "
+                   "(ops/layer_norm.py launch_variant; programs 0: one program per row block)")
     p.add_argument("--json", required=True)
     args = p.parse_args(argv)
     out = []
@@ -49,25 +54,32 @@ def main(argv=None) -> None:
                 for name, lay in layouts.items():
                     width = layout_width(lay)
                     results = {}
-                    for rows in map(int, args.rows_per_program.split(",")):
-                        for warps in map(int, args.warps.split(",")):
-                            if rows * width > 32768 or rows * lay["BLOCK_H"] < 32 * warps:
-                                continue
+                    table = launch_config(width, mode != "plain", mode == "residual+sum", n_rows=n)
+                    grid = ([table] if args.current else
+                            [(r, w) for r in map(int, args.rows_per_program.split(","))
+                             for w in map(int, args.warps.split(","))])
+                    for rows, warps in grid:
+                        if rows * width > 32768 or rows * lay["BLOCK_H"] < 32 * warps:
+                            continue
+                        for variant in args.variants.split(","):
+                            evict, programs = map(int, variant.split(":"))
                             fn = functools.partial(layer_norm, x, g, b, skip, store_sum=mode == "residual+sum",
                                                    bias=c if skip is not None else None, config=(rows, warps),
-                                                   lay=lay)
+                                                   lay=lay, evict=bool(evict), programs=programs)
                             fn()  # compile outside the graph capture
-                            results[(rows, warps)] = triton.testing.do_bench_cudagraph(fn, rep=100,
-                                                                                       return_mode="median")
+                            results[(rows, warps, evict, programs)] = triton.testing.do_bench_cudagraph(
+                                fn, rep=100, return_mode="median")
                     best = min(results, key=results.get)
-                    cur = launch_config(width, mode != "plain", mode == "residual+sum", n_rows=n)
+                    cur = (*launch_config(width, mode != "plain", mode == "residual+sum", n_rows=n),
+                           *launch_variant(width, mode != "plain", mode == "residual+sum", n_rows=n))
                     gbs = functools.partial(lambda ms, nbytes: nbytes / ms / 1e6, nbytes=moved * x.numel() * 2)
                     print(f"{n:6} {h:5} {mode:13} layout={name:6} best rows={best[0]:2} warps={best[1]:2} "
+                          f"evict={best[2]} programs={best[3]:5} "
                           f"{results[best] * 1e3:8.2f} us {gbs(results[best]):5.0f} GB/s | current {cur} "
                           f"{results.get(cur, float('nan')) * 1e3:8.2f} us", flush=True)
                     out.append(dict(rows=n, hidden=h, mode=mode, layout=name, best=best, best_us=results[best] * 1e3,
                                     current=cur, current_us=results.get(cur, float("nan")) * 1e3,
-                                    all={f"{k[0]}x{k[1]}": v * 1e3 for k, v in results.items()}))
+                                    all={"x".join(map(str, k)): v * 1e3 for k, v in results.items()}))
     with open(args.json, "w") as fh:
         json.dump(out, fh, indent=1)
 

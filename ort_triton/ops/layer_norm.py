@@ -24,7 +24,7 @@ import onnx
 from onnx import helper
 
 from ..contract import IO, Attr, Kernel, OpContract, Spec, Tuning, attr_ref
-from .tune_space import random_inputs, row_spec, row_specs, row_tuning
+from .tune_space import layout_width, random_inputs, row_spec, row_specs, row_tuning
 
 MAX_HIDDEN = 16384
 BLOCKS = (256, 1024, 2048, 4096, 8192, 16384)
@@ -104,34 +104,61 @@ def _launch_tables() -> tuple[dict, dict]:
     try:
         for width, entries in json.loads(text).items():
             # the all-rows entries first: a few-rows entry new to this width starts as a copy of them
-            for mode, (rows, warps) in sorted(entries.items(), key=lambda kv: kv[0].startswith("few:")):
+            for mode, entry in sorted(entries.items(), key=lambda kv: kv[0].startswith("few:")):
+                if len(entry) not in (2, 4):
+                    raise ValueError(f"{entry}: give [ROWS, warps] or [ROWS, warps, evict, programs]")
                 w = int(width)
-                entry = few.setdefault(w, list(many[w])) if mode.startswith("few:") else many[w]
-                entry[_MODES.index(mode.removeprefix("few:"))] = (int(rows), int(warps))
+                row = few.setdefault(w, list(many[w])) if mode.startswith("few:") else many[w]
+                row[_MODES.index(mode.removeprefix("few:"))] = tuple(int(v) for v in entry)
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{LAUNCH_ENV}={text!r}: expected JSON like {{\"8192\": {{\"residual\": [4, 16]}}}} "
-                         f"with widths {sorted(_LAUNCH)} and modes {_MODES}, each also as few:MODE ({e})") from e
+                         f"with widths {sorted(_LAUNCH)} and modes {_MODES}, each also as few:MODE, and an "
+                         f"entry [ROWS, warps] or [ROWS, warps, evict, programs] ({e})") from e
     return many, few
+
+
+def _entry(width: int, has_res: bool, store_sum: bool, n_rows: int | None) -> tuple[int, ...]:
+    many, few = _launch_tables()
+    table = few if n_rows is not None and n_rows <= FEW_ROWS and width in few else many
+    return tuple(table[width][(1 + int(store_sum)) if has_res else 0])
 
 
 def launch_config(width: int, has_res: bool = False, store_sum: bool = False,
                   n_rows: int | None = None) -> tuple[int, int]:
     """(ROWS, num_warps) for a layout's width (a block, or an H in THIRDS), mode and row count (None: any,
     the config of the open-ended row range)."""
-    many, few = _launch_tables()
-    table = few if n_rows is not None and n_rows <= FEW_ROWS and width in few else many
-    return tuple(table[width][(1 + int(store_sum)) if has_res else 0])
+    return _entry(width, has_res, store_sum, n_rows)[:2]
 
 
-def _spec(has_res: bool, keys: tuple[tuple[int, int], ...], rows: int, warps: int) -> Spec:
-    """The spec for the key ranges ((has_beta), then tune_space.row_spec's)."""
+def launch_variant(width: int, has_res: bool = False, store_sum: bool = False,
+                   n_rows: int | None = None) -> tuple[int, int]:
+    """(EVICT, programs) of the same entry: the kernel's eviction hints (0/1), and a grid of at most
+    `programs` programs that loop over the row blocks (0: one program per block). (0, 0) unless the entry
+    has four fields."""
+    e = _entry(width, has_res, store_sum, n_rows)
+    return (e[2], e[3]) if len(e) == 4 else (0, 0)
+
+
+def _spec(has_res: bool, keys: tuple[tuple[int, int], ...], rows: int, warps: int,
+          variant: tuple[int, int] = (0, 0)) -> Spec:
+    """The spec for the key ranges ((has_beta), then tune_space.row_spec's); variant: launch_variant's."""
+    evict, programs = variant
     return row_spec(keys, 1, has_res=has_res, layout=layout, rows=rows, warps=warps,
-                    pointers=("X", "R", "C", "W", "B", "Y", "S"))
+                    pointers=("X", "R", "C", "W", "B", "Y", "S"),
+                    constexprs={"EVICT": evict, "PERSIST": int(programs > 0)}, consts=(programs,))
+
+
+def _builtin_spec(has_res: bool, keys: tuple[tuple[int, int], ...], rows: int, warps: int) -> Spec:
+    """_spec with the launch table's variant for the spec's width, mode and row range."""
+    (store_sum, _), _, (_, h_hi), (_, rows_hi) = keys[1:]
+    n_rows = rows_hi if rows_hi <= FEW_ROWS else None
+    variant = launch_variant(layout_width(layout(h_hi)), has_res, bool(store_sum), n_rows)
+    return _spec(has_res, keys, rows, warps, variant)
 
 
 def _specs(has_res: bool) -> list[Spec]:
     # has_beta is always 1 (beta is a required input)
-    return row_specs(((1, 1),), has_res, BLOCKS, launch_config, _spec, exact=THIRDS, row_split=FEW_ROWS)
+    return row_specs(((1, 1),), has_res, BLOCKS, launch_config, _builtin_spec, exact=THIRDS, row_split=FEW_ROWS)
 
 
 # ---- tuning (ort-triton tune): (ROWS, num_warps) per exact H and power-of-two row bucket --------------

@@ -44,15 +44,16 @@ def layout_width(layout: dict) -> int:
     return layout["BLOCK_H"] * layout.get("CHUNKS", 1)
 
 
-def row_spec(keys, at: int, *, has_res: bool, layout, rows: int, warps: int, pointers: tuple[str, ...]) -> Spec:
+def row_spec(keys, at: int, *, has_res: bool, layout, rows: int, warps: int, pointers: tuple[str, ...],
+             constexprs: dict | None = None, consts: tuple[int, ...] = ()) -> Spec:
     """The spec of a row-wise op for its key ranges: the op's own exact keys, then from index `at`
     (store_sum), (h_div16 lo, 1), (H lo, hi), (rows lo, hi). layout(H hi) gives the layout constexprs
     (BLOCK_H, and CHUNKS where the op has them); h_div16 lo = 1 promises 16-byte aligned rows (H divisible
-    by 16, besides the pointers)."""
+    by 16, besides the pointers). `constexprs` and `consts` (after BLOCK_H and ROWS) are the op's own."""
     store_sum, aligned = keys[at][0], keys[at + 1][0]
     lay = layout(keys[at + 2][1])
-    return Spec(constexprs={"HAS_RES": int(has_res), "STORE_SUM": store_sum, **lay, "ROWS": rows},
-                num_warps=warps, keys=tuple(keys), consts=(lay["BLOCK_H"], rows),
+    return Spec(constexprs={"HAS_RES": int(has_res), "STORE_SUM": store_sum, **lay, "ROWS": rows, **(constexprs or {})},
+                num_warps=warps, keys=tuple(keys), consts=(lay["BLOCK_H"], rows, *consts),
                 divisible_by_16=pointers + (("H",) if aligned else ()))
 
 

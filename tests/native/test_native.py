@@ -172,3 +172,22 @@ def test_cpu_onnxruntime_registers_and_refuses_cpu_session(native_library):
     # The ops are CUDA-only: a CPU session finds no kernel for them and says so instead of crashing.
     with pytest.raises(Exception, match="NOT_IMPLEMENTED.*LayerNorm"):
         ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def test_looping_variant_caps_the_grid(tmp_path):
+    """A launch-table entry with `programs` (ORT_TRITON_LAYER_NORM_LAUNCH here, the built-in table the same
+    way) compiles the looping kernel and the planner stops the grid at that many programs; row counts
+    under it keep one program per row block."""
+    from ort_triton.ops.layer_norm import LAUNCH_ENV
+    from tests.conftest import run_cli
+
+    run_cli("build", "--arch", "90", "-q", "-o", tmp_path, env={LAUNCH_ENV: '{"1024": {"residual": [2, 4, 1, 100]}}'})
+    lib = ctypes.CDLL(str(tmp_path / "libort_triton.so"))
+    lib.ort_triton_plan.argtypes = [
+        ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
+        ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int64), ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t,
+    ]
+    for n_rows, grid in ((65536, 100), (150, 75)):
+        rc, msg = plan(lib, "AddLayerNorm", [[n_rows, 1000], [n_rows, 1000], [1000], [1000], [1000]])
+        assert rc == 0, msg
+        assert parse(msg)[1][1] == grid

@@ -110,3 +110,32 @@ def test_bad_input_is_a_clear_error(bad, err):
         args["gamma"] = args["beta"] = torch.ones(bad["x"].shape[-1])
     with pytest.raises((ValueError, TypeError), match=err):
         layer_norm(args["x"], args["gamma"], args["beta"], args["skip"])
+
+
+@pytest.mark.parametrize("evict", [False, True])
+@pytest.mark.parametrize("programs", [0, 1, 3, 64])
+@pytest.mark.parametrize("h", [768, 1030])
+def test_variants_match_the_plain_launch(evict, programs, h):
+    """The eviction hints and the looping grid (fewer programs than row blocks, each taking every
+    programs-th block; 64 is more than there are) change no bit of the result: poisoned outputs, a row
+    count that leaves the last block short, fp32 so any reordering would show."""
+    gen = torch.Generator().manual_seed(h + programs)
+    x, skip = _rand((11, h), torch.float32, gen, 2.0, 3.0), _rand((11, h), torch.float32, gen)
+    bias, gamma, beta = (_rand((h,), torch.float32, gen) for _ in range(3))
+    y0, s0 = layer_norm(x, gamma, beta, skip, store_sum=True, bias=bias, config=(2, 1), evict=False, programs=0)
+    out, sum_out = (torch.full((11, h), float("nan"), device=DEVICE) for _ in range(2))
+    y, s = layer_norm(x, gamma, beta, skip, store_sum=True, bias=bias, config=(2, 1), evict=evict,
+                      programs=programs, out=out, sum_out=sum_out)
+    torch.testing.assert_close(s, s0, rtol=0, atol=0)
+    torch.testing.assert_close(y, y0, rtol=0, atol=0)
+
+
+def test_launch_override_takes_a_variant(monkeypatch):
+    from ort_triton.ops.layer_norm import LAUNCH_ENV, launch_config, launch_variant
+
+    monkeypatch.setenv(LAUNCH_ENV, '{"768": {"residual": [1, 1, 1, 4224]}}')
+    assert launch_config(768, True, n_rows=65536) == (1, 1)
+    assert launch_variant(768, True, n_rows=65536) == (1, 4224)
+    monkeypatch.setenv(LAUNCH_ENV, '{"768": {"residual": [1, 1, 1]}}')
+    with pytest.raises(ValueError, match="evict, programs"):
+        launch_config(768, True)
