@@ -1,8 +1,8 @@
 """Sweep the LayerNorm kernel's launch configuration (rows per program, warps) per hidden size on the GPU:
 the evidence behind ort_triton.ops.layer_norm.launch_config. A size in THIRDS is swept in both layouts,
 its own (three blocks, rows `layout=thirds`) and the one power-of-two block with the tail masked
-(`layout=block`), so the table can say what the layout buys; `--variants` adds the kernel's eviction hints
-and its looping grid (EVICT:programs, ops/layer_norm.py launch_variant) to each config.
+(`layout=block`), so the table can say what the layout buys; `--evict 0,1` times each config with and
+without the kernel's eviction hints.
 
     python -m ort_triton.bench.layer_norm_sweep --rows 65536 --hidden 768,1024,4096,8192 --json OUT.json
 
@@ -17,7 +17,7 @@ import argparse
 import functools
 import json
 
-from ..ops.layer_norm import block_layout, launch_config, launch_variant, layout
+from ..ops.layer_norm import block_layout, launch_config, launch_evict, layout
 from ..ops.tune_space import layout_width
 
 
@@ -35,8 +35,7 @@ def main(argv=None) -> None:
     p.add_argument("--warps", default="1,2,4,8,16", help="the num_warps values to try")
     p.add_argument("--current", action="store_true", help="only the launch table's (ROWS, warps) for each "
                    "shape and mode, in place of --rows-per-program x --warps")
-    p.add_argument("--variants", default="0:0", help="EVICT:programs pairs to try for each config "
-                   "(ops/layer_norm.py launch_variant; programs 0: one program per row block)")
+    p.add_argument("--evict", default="0", help="the kernel's EVICT values to try for each config (0,1)")
     p.add_argument("--json", required=True)
     args = p.parse_args(argv)
     out = []
@@ -61,20 +60,19 @@ def main(argv=None) -> None:
                     for rows, warps in grid:
                         if rows * width > 32768 or rows * lay["BLOCK_H"] < 32 * warps:
                             continue
-                        for variant in args.variants.split(","):
-                            evict, programs = map(int, variant.split(":"))
+                        for evict in map(int, args.evict.split(",")):
                             fn = functools.partial(layer_norm, x, g, b, skip, store_sum=mode == "residual+sum",
                                                    bias=c if skip is not None else None, config=(rows, warps),
-                                                   lay=lay, evict=bool(evict), programs=programs)
+                                                   lay=lay, evict=bool(evict))
                             fn()  # compile outside the graph capture
-                            results[(rows, warps, evict, programs)] = triton.testing.do_bench_cudagraph(
+                            results[(rows, warps, evict)] = triton.testing.do_bench_cudagraph(
                                 fn, rep=100, return_mode="median")
                     best = min(results, key=results.get)
                     cur = (*launch_config(width, mode != "plain", mode == "residual+sum", n_rows=n),
-                           *launch_variant(width, mode != "plain", mode == "residual+sum", n_rows=n))
+                           launch_evict(width, mode != "plain", mode == "residual+sum", n_rows=n))
                     gbs = functools.partial(lambda ms, nbytes: nbytes / ms / 1e6, nbytes=moved * x.numel() * 2)
                     print(f"{n:6} {h:5} {mode:13} layout={name:6} best rows={best[0]:2} warps={best[1]:2} "
-                          f"evict={best[2]} programs={best[3]:5} "
+                          f"evict={best[2]} "
                           f"{results[best] * 1e3:8.2f} us {gbs(results[best]):5.0f} GB/s | current {cur} "
                           f"{results.get(cur, float('nan')) * 1e3:8.2f} us", flush=True)
                     out.append(dict(rows=n, hidden=h, mode=mode, layout=name, best=best, best_us=results[best] * 1e3,

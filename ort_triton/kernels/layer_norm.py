@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..ops.layer_norm import MAX_HIDDEN, launch_config, launch_variant, layout
+from ..ops.layer_norm import MAX_HIDDEN, launch_config, launch_evict, layout
 from ..ops.tune_space import layout_width
 
 
@@ -39,11 +39,12 @@ def _store_y(Y, W, B, offs, cols, mask, col_ok, d, rstd, EVICT: tl.constexpr):
 
 
 @triton.jit
-def _norm_rows(X, R, C, W, B, Y, S, n_rows, H, eps, blk,
-               HAS_RES: tl.constexpr, STORE_SUM: tl.constexpr, BLOCK_H: tl.constexpr, CHUNKS: tl.constexpr,
-               ROWS: tl.constexpr, EVICT: tl.constexpr):
-    """Rows blk * ROWS .. blk * ROWS + ROWS - 1."""
-    rows = blk * ROWS + tl.arange(0, ROWS)
+def layer_norm_fwd(
+    X, R, C, W, B, Y, S, n_rows, H, eps,
+    HAS_RES: tl.constexpr, STORE_SUM: tl.constexpr, BLOCK_H: tl.constexpr, CHUNKS: tl.constexpr,
+    ROWS: tl.constexpr, EVICT: tl.constexpr,
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_H)
     offs = rows.to(tl.int64)[:, None] * H + cols[None, :]  # int64: rows * H can pass 2^31
     # div_rn: `/` is the approximate fp32 division, which turns a constant row's mean into mean + 1 ulp
@@ -80,31 +81,13 @@ def _norm_rows(X, R, C, W, B, Y, S, n_rows, H, eps, blk,
         _store_y(Y, W, B, offs + 2 * BLOCK_H, cols + 2 * BLOCK_H, mask, col_ok, d2, rstd, EVICT)
 
 
-@triton.jit
-def layer_norm_fwd(
-    X, R, C, W, B, Y, S, n_rows, H, eps,
-    HAS_RES: tl.constexpr, STORE_SUM: tl.constexpr, BLOCK_H: tl.constexpr, CHUNKS: tl.constexpr,
-    ROWS: tl.constexpr, EVICT: tl.constexpr = 0, PERSIST: tl.constexpr = 0,
-):
-    """One program per ROWS rows; PERSIST: a grid smaller than that, each program taking every
-    num_programs-th block of rows in turn."""
-    if PERSIST:
-        for blk in tl.range(tl.program_id(0), tl.cdiv(n_rows, ROWS), tl.num_programs(0)):
-            _norm_rows(X, R, C, W, B, Y, S, n_rows, H, eps, blk, HAS_RES, STORE_SUM, BLOCK_H, CHUNKS, ROWS, EVICT)
-    else:
-        _norm_rows(X, R, C, W, B, Y, S, n_rows, H, eps, tl.program_id(0), HAS_RES, STORE_SUM, BLOCK_H, CHUNKS,
-                   ROWS, EVICT)
-
-
 # ---- a torch entry point: the same kernel through Triton's JIT (tests, interpreter, GPU timing) -------
 def layer_norm(x, gamma, beta, skip=None, epsilon=1e-5, store_sum=False, *, bias=None, out=None, sum_out=None,
-               config: tuple[int, int] | None = None, lay: dict | None = None, evict: bool | None = None,
-               programs: int | None = None):
+               config: tuple[int, int] | None = None, lay: dict | None = None, evict: bool | None = None):
     """Run the kernel on torch tensors; returns y, or (y, sum) when store_sum. `out`/`sum_out` let a test
     hand in poisoned buffers; `config` = (ROWS, num_warps) overrides launch_config (tuning), `lay` the
-    layout constexprs (a sweep comparing layouts); `evict` and `programs` (a grid of at most that many
-    programs, each looping over row blocks; 0: one program per block) are the kernel's EVICT and PERSIST
-    variants, both from launch_variant when not given."""
+    layout constexprs (a sweep comparing layouts); `evict` the kernel's EVICT (launch_evict's when not
+    given)."""
     import torch
 
     h = x.shape[-1]
@@ -128,18 +111,14 @@ def layer_norm(x, gamma, beta, skip=None, epsilon=1e-5, store_sum=False, *, bias
     if width < h or (lay["CHUNKS"] != 1 and width != h):  # three blocks are full: no tail mask
         raise ValueError(f"layer_norm: layout {lay} does not fit H={h}")
     rows, warps = config or launch_config(width, skip is not None, store_sum, n_rows=n_rows)
-    table_evict, table_programs = launch_variant(width, skip is not None, store_sum, n_rows=n_rows)
-    evict = table_evict if evict is None else evict
-    programs = table_programs if programs is None else programs
+    evict = launch_evict(width, skip is not None, store_sum, n_rows=n_rows) if evict is None else evict
     y = out if out is not None else torch.empty_like(x)
     s = (sum_out if sum_out is not None else torch.empty_like(x)) if store_sum else None
-    blocks = triton.cdiv(n_rows, rows)
-    layer_norm_fwd[(min(blocks, programs) if programs else blocks,)](
+    layer_norm_fwd[(triton.cdiv(n_rows, rows),)](
         # R and C are read only with a residual: without one, any valid pointer does
         x, skip if skip is not None else x,
         bias if bias is not None else (torch.zeros_like(gamma) if skip is not None else gamma), gamma, beta, y,
         s if s is not None else y, n_rows, h, epsilon,
-        HAS_RES=skip is not None, STORE_SUM=store_sum, **lay, ROWS=rows, EVICT=int(evict),
-        PERSIST=int(bool(programs)), num_warps=warps,
+        HAS_RES=skip is not None, STORE_SUM=store_sum, **lay, ROWS=rows, EVICT=int(evict), num_warps=warps,
     )
     return (y, s) if store_sum else y

@@ -15,8 +15,7 @@
 /* Dispatch keys, in the order the op contract lists them. */
 enum { KEY_HAS_BETA, KEY_STORE_SUM, KEY_H_DIV16, KEY_H, KEY_ROWS, N_KEYS };
 /* Meaning of ot_spec.consts for this kernel. */
-enum { CONST_BLOCK_H, CONST_ROWS_PER_PROGRAM, CONST_PROGRAMS };
-/* CONST_PROGRAMS > 0: the kernel loops over row blocks (PERSIST), so the grid stops at that many programs. */
+enum { CONST_BLOCK_H, CONST_ROWS_PER_PROGRAM };
 
 /* Input positions: AddLayerNorm has skip at 1 and bias at 2, shifting gamma and beta by two. */
 enum { SKIP_INDEX = 1, BIAS_INDEX = 2 };
@@ -79,11 +78,8 @@ int ot_layer_norm_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_o
     no_spec_error(op, keys, err, err_len);
     return 1;
   }
-  if (ot_plan_row_blocks(op, spec, x, n_rows, n_outputs, spec->consts[CONST_ROWS_PER_PROGRAM], plan, err, err_len))
-    return 1;
-  const int64_t programs = spec->consts[CONST_PROGRAMS];
-  if (programs > 0 && plan->grid[0] > programs) plan->grid[0] = (unsigned)programs;
-  return 0;
+  return ot_plan_row_blocks(op, spec, x, n_rows, n_outputs, spec->consts[CONST_ROWS_PER_PROGRAM], plan, err,
+                            err_len);
 }
 
 int ot_layer_norm_params(const ot_op *op, const ot_plan *plan, const ot_desc *in, void *const *ptrs,

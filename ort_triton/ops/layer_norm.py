@@ -70,6 +70,10 @@ KERNEL = Kernel(
 # (0.90x -> 0.98x ORT) and by 12% alone at 65536 rows. At H=768 one warp a program wins, but how many rows
 # it takes depends on the row count: 2 rows at 4096 (AddLayerNorm 1.02x ORT, 0.96x with 1 row), 1 row at
 # 65536 (0.99x, 0.965x with 2): _LAUNCH_FEW holds the configs for row counts up to FEW_ROWS.
+# Session 12 (bench/results/session12/): a third field 1 sets the kernel's eviction hints (EVICT). In the
+# chains they helped one cell, 4096 x 4096 AddLayerNorm (30.1 against 32.8 us, ORT 34.1), and cost 1-6%
+# at the others; a looping grid (a program per SM slot, each taking every n-th row block) cost 2-30% at
+# every residual cell and was dropped.
 _LAUNCH = {  # width (a block, or an H in THIRDS): (plain, residual, residual+sum)
     256: ((8, 2), (8, 4), (8, 4)),
     768: ((2, 1), (1, 1), (1, 1)),
@@ -84,6 +88,7 @@ _LAUNCH = {  # width (a block, or an H in THIRDS): (plain, residual, residual+su
 FEW_ROWS = 16384  # row counts up to here take _LAUNCH_FEW's config where it has one
 _LAUNCH_FEW = {
     768: ((2, 1), (2, 1), (2, 1)),
+    4096: ((2, 4), (2, 16, 1), (2, 16)),
 }
 _MODES = ("plain", "residual", "residual+sum")
 
@@ -105,19 +110,20 @@ def _launch_tables() -> tuple[dict, dict]:
         for width, entries in json.loads(text).items():
             # the all-rows entries first: a few-rows entry new to this width starts as a copy of them
             for mode, entry in sorted(entries.items(), key=lambda kv: kv[0].startswith("few:")):
-                if len(entry) not in (2, 4):
-                    raise ValueError(f"{entry}: give [ROWS, warps] or [ROWS, warps, evict, programs]")
+                if len(entry) not in (2, 3):
+                    raise ValueError(f"{entry}: give [ROWS, warps] or [ROWS, warps, evict]")
                 w = int(width)
                 row = few.setdefault(w, list(many[w])) if mode.startswith("few:") else many[w]
                 row[_MODES.index(mode.removeprefix("few:"))] = tuple(int(v) for v in entry)
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{LAUNCH_ENV}={text!r}: expected JSON like {{\"8192\": {{\"residual\": [4, 16]}}}} "
                          f"with widths {sorted(_LAUNCH)} and modes {_MODES}, each also as few:MODE, and an "
-                         f"entry [ROWS, warps] or [ROWS, warps, evict, programs] ({e})") from e
+                         f"entry [ROWS, warps] or [ROWS, warps, evict] ({e})") from e
     return many, few
 
 
-def _entry(width: int, has_res: bool, store_sum: bool, n_rows: int | None) -> tuple[int, ...]:
+def _entry(width: int, has_res: bool = False, store_sum: bool = False, n_rows: int | None = None) -> tuple[int, ...]:
+    """The launch table's entry: (ROWS, num_warps) or (ROWS, num_warps, EVICT)."""
     many, few = _launch_tables()
     table = few if n_rows is not None and n_rows <= FEW_ROWS and width in few else many
     return tuple(table[width][(1 + int(store_sum)) if has_res else 0])
@@ -130,35 +136,22 @@ def launch_config(width: int, has_res: bool = False, store_sum: bool = False,
     return _entry(width, has_res, store_sum, n_rows)[:2]
 
 
-def launch_variant(width: int, has_res: bool = False, store_sum: bool = False,
-                   n_rows: int | None = None) -> tuple[int, int]:
-    """(EVICT, programs) of the same entry: the kernel's eviction hints (0/1), and a grid of at most
-    `programs` programs that loop over the row blocks (0: one program per block). (0, 0) unless the entry
-    has four fields."""
+def launch_evict(width: int, has_res: bool = False, store_sum: bool = False, n_rows: int | None = None) -> int:
+    """The kernel's EVICT for the same entry (its third field, 0 when it has two): 1 loads the row streams
+    evict_first and the [H] vectors evict_last."""
     e = _entry(width, has_res, store_sum, n_rows)
-    return (e[2], e[3]) if len(e) == 4 else (0, 0)
+    return e[2] if len(e) == 3 else 0
 
 
-def _spec(has_res: bool, keys: tuple[tuple[int, int], ...], rows: int, warps: int,
-          variant: tuple[int, int] = (0, 0)) -> Spec:
-    """The spec for the key ranges ((has_beta), then tune_space.row_spec's); variant: launch_variant's."""
-    evict, programs = variant
+def _spec(has_res: bool, keys: tuple[tuple[int, int], ...], rows: int, warps: int, evict: int = 0) -> Spec:
+    """The spec for the key ranges ((has_beta), then tune_space.row_spec's)."""
     return row_spec(keys, 1, has_res=has_res, layout=layout, rows=rows, warps=warps,
-                    pointers=("X", "R", "C", "W", "B", "Y", "S"),
-                    constexprs={"EVICT": evict, "PERSIST": int(programs > 0)}, consts=(programs,))
-
-
-def _builtin_spec(has_res: bool, keys: tuple[tuple[int, int], ...], rows: int, warps: int) -> Spec:
-    """_spec with the launch table's variant for the spec's width, mode and row range."""
-    (store_sum, _), _, (_, h_hi), (_, rows_hi) = keys[1:]
-    n_rows = rows_hi if rows_hi <= FEW_ROWS else None
-    variant = launch_variant(layout_width(layout(h_hi)), has_res, bool(store_sum), n_rows)
-    return _spec(has_res, keys, rows, warps, variant)
+                    pointers=("X", "R", "C", "W", "B", "Y", "S"), constexprs={"EVICT": evict})
 
 
 def _specs(has_res: bool) -> list[Spec]:
-    # has_beta is always 1 (beta is a required input)
-    return row_specs(((1, 1),), has_res, BLOCKS, launch_config, _builtin_spec, exact=THIRDS, row_split=FEW_ROWS)
+    # has_beta is always 1 (beta is a required input); _entry gives _spec the whole entry, EVICT included
+    return row_specs(((1, 1),), has_res, BLOCKS, _entry, _spec, exact=THIRDS, row_split=FEW_ROWS)
 
 
 # ---- tuning (ort-triton tune): (ROWS, num_warps) per exact H and power-of-two row bucket --------------
@@ -178,9 +171,18 @@ def _tune_run(has_res: bool):
     return run
 
 
+def _tuned_spec(has_res: bool, bucket: tuple[tuple[int, int], ...], rows: int, warps: int) -> Spec:
+    """A tuned (ROWS, num_warps) keeps the table's EVICT for its bucket, as the tuner timed it (the kernel's
+    entry point takes launch_evict at the node's row count; a power-of-two row bucket never straddles
+    FEW_ROWS)."""
+    (store_sum, _), _, (h, _), (_, rows_hi) = bucket[1:]
+    evict = launch_evict(layout_width(layout(h)), has_res, bool(store_sum), n_rows=rows_hi)
+    return _spec(has_res, bucket, rows, warps, evict)
+
+
 def _tuning(has_res: bool) -> Tuning:
-    return row_tuning(prefix=(1,), has_res=has_res, layout=layout, launch_config=launch_config, make_spec=_spec,
-                      run=_tune_run(has_res))  # prefix: has_beta, always 1 (beta is required)
+    return row_tuning(prefix=(1,), has_res=has_res, layout=layout, launch_config=launch_config,
+                      make_spec=_tuned_spec, run=_tune_run(has_res))  # prefix: has_beta, always 1 (required)
 
 
 # ---- references (float64 numpy) ---------------------------------------------------------------------

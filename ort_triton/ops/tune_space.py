@@ -45,15 +45,15 @@ def layout_width(layout: dict) -> int:
 
 
 def row_spec(keys, at: int, *, has_res: bool, layout, rows: int, warps: int, pointers: tuple[str, ...],
-             constexprs: dict | None = None, consts: tuple[int, ...] = ()) -> Spec:
+             constexprs: dict | None = None) -> Spec:
     """The spec of a row-wise op for its key ranges: the op's own exact keys, then from index `at`
     (store_sum), (h_div16 lo, 1), (H lo, hi), (rows lo, hi). layout(H hi) gives the layout constexprs
     (BLOCK_H, and CHUNKS where the op has them); h_div16 lo = 1 promises 16-byte aligned rows (H divisible
-    by 16, besides the pointers). `constexprs` and `consts` (after BLOCK_H and ROWS) are the op's own."""
+    by 16, besides the pointers). `constexprs`: the op's own, besides these."""
     store_sum, aligned = keys[at][0], keys[at + 1][0]
     lay = layout(keys[at + 2][1])
     return Spec(constexprs={"HAS_RES": int(has_res), "STORE_SUM": store_sum, **lay, "ROWS": rows, **(constexprs or {})},
-                num_warps=warps, keys=tuple(keys), consts=(lay["BLOCK_H"], rows, *consts),
+                num_warps=warps, keys=tuple(keys), consts=(lay["BLOCK_H"], rows),
                 divisible_by_16=pointers + (("H",) if aligned else ()))
 
 
@@ -63,8 +63,8 @@ def row_specs(prefix: tuple, has_res: bool, blocks, launch_config, make_spec, ex
     every row count; or, where launch_config gives row counts up to `row_split` a config of their own, one
     spec for those and one for the rest. Exact and aligned specs first: the native planner takes the first
     spec whose keys all fit. prefix: the op's exact key ranges ahead of store_sum; launch_config(width,
-    has_res, store_sum, n_rows=None) -> (ROWS, num_warps), width a block or an exact H; make_spec(has_res,
-    keys, ROWS, num_warps) -> Spec."""
+    has_res, store_sum, n_rows=None) -> (ROWS, num_warps, ...), width a block or an exact H; make_spec(has_res,
+    keys, ROWS, num_warps, ...) -> Spec (the op's further launch fields, if any, passed on)."""
     specs, block_ranges = [], list(zip((1, *(b + 1 for b in blocks[:-1])), blocks))
     for aligned in (1, 0):
         for store_sum in ((0, 1) if has_res else (0,)):
@@ -72,9 +72,9 @@ def row_specs(prefix: tuple, has_res: bool, blocks, launch_config, make_spec, ex
                 many = launch_config(hi, has_res, bool(store_sum))
                 few = launch_config(hi, has_res, bool(store_sum), n_rows=row_split) if row_split else many
                 by_rows = [((0, ANY), many)] if few == many else [((0, row_split), few), ((row_split + 1, ANY), many)]
-                for row_range, (rows, warps) in by_rows:
+                for row_range, config in by_rows:
                     keys = (*prefix, (store_sum, store_sum), (aligned, 1), (lo, hi), row_range)
-                    specs.append(make_spec(has_res, keys, rows, warps))
+                    specs.append(make_spec(has_res, keys, *config))
     return specs
 
 

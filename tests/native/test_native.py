@@ -174,20 +174,18 @@ def test_cpu_onnxruntime_registers_and_refuses_cpu_session(native_library):
         ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def test_looping_variant_caps_the_grid(tmp_path):
-    """A launch-table entry with `programs` (ORT_TRITON_LAYER_NORM_LAUNCH here, the built-in table the same
-    way) compiles the looping kernel and the planner stops the grid at that many programs; row counts
-    under it keep one program per row block."""
-    from ort_triton.ops.layer_norm import LAUNCH_ENV
-    from tests.conftest import run_cli
+def test_eviction_hints_only_where_the_table_sets_them():
+    """The launch table's third field reaches the compiled spec: AddLayerNorm at H=4096 up to FEW_ROWS rows
+    compiles with EVICT=1, past them and with the sum with EVICT=0 (what the native planner then picks by
+    the row key)."""
+    from ort_triton.ops import ADD_LAYER_NORM
+    from ort_triton.ops.layer_norm import FEW_ROWS
 
-    run_cli("build", "--arch", "90", "-q", "-o", tmp_path, env={LAUNCH_ENV: '{"1024": {"residual": [2, 4, 1, 100]}}'})
-    lib = ctypes.CDLL(str(tmp_path / "libort_triton.so"))
-    lib.ort_triton_plan.argtypes = [
-        ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
-        ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int64), ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t,
-    ]
-    for n_rows, grid in ((65536, 100), (150, 75)):
-        rc, msg = plan(lib, "AddLayerNorm", [[n_rows, 1000], [n_rows, 1000], [1000], [1000], [1000]])
-        assert rc == 0, msg
-        assert parse(msg)[1][1] == grid
+    def evict(store_sum, n_rows):
+        spec = next(sp for sp in ADD_LAYER_NORM.specializations("float16")
+                    if sp.keys[1] == (store_sum, store_sum) and sp.keys[2][0] == 1 and sp.keys[3] == (2049, 4096)
+                    and sp.keys[4][0] <= n_rows <= sp.keys[4][1])
+        return spec.constexprs["EVICT"]
+
+    assert evict(0, 4096) == 1 and evict(0, FEW_ROWS) == 1
+    assert evict(0, FEW_ROWS + 1) == 0 and evict(1, 4096) == 0

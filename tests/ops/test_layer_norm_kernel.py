@@ -112,30 +112,42 @@ def test_bad_input_is_a_clear_error(bad, err):
         layer_norm(args["x"], args["gamma"], args["beta"], args["skip"])
 
 
+
 @pytest.mark.parametrize("evict", [False, True])
-@pytest.mark.parametrize("programs", [0, 1, 3, 64])
 @pytest.mark.parametrize("h", [768, 1030])
-def test_variants_match_the_plain_launch(evict, programs, h):
-    """The eviction hints and the looping grid (fewer programs than row blocks, each taking every
-    programs-th block; 64 is more than there are) change no bit of the result: poisoned outputs, a row
-    count that leaves the last block short, fp32 so any reordering would show."""
-    gen = torch.Generator().manual_seed(h + programs)
+def test_eviction_hints_change_no_bit(evict, h):
+    """EVICT only hints the caches: the same bits as without it, poisoned outputs, a row count that leaves
+    the last program short."""
+    gen = torch.Generator().manual_seed(h)
     x, skip = _rand((11, h), torch.float32, gen, 2.0, 3.0), _rand((11, h), torch.float32, gen)
     bias, gamma, beta = (_rand((h,), torch.float32, gen) for _ in range(3))
-    y0, s0 = layer_norm(x, gamma, beta, skip, store_sum=True, bias=bias, config=(2, 1), evict=False, programs=0)
+    y0, s0 = layer_norm(x, gamma, beta, skip, store_sum=True, bias=bias, config=(2, 1), evict=False)
     out, sum_out = (torch.full((11, h), float("nan"), device=DEVICE) for _ in range(2))
-    y, s = layer_norm(x, gamma, beta, skip, store_sum=True, bias=bias, config=(2, 1), evict=evict,
-                      programs=programs, out=out, sum_out=sum_out)
+    y, s = layer_norm(x, gamma, beta, skip, store_sum=True, bias=bias, config=(2, 1), evict=evict, out=out,
+                      sum_out=sum_out)
     torch.testing.assert_close(s, s0, rtol=0, atol=0)
     torch.testing.assert_close(y, y0, rtol=0, atol=0)
 
 
-def test_launch_override_takes_a_variant(monkeypatch):
-    from ort_triton.ops.layer_norm import LAUNCH_ENV, launch_config, launch_variant
+def test_launch_override_takes_the_eviction_hints(monkeypatch):
+    from ort_triton.ops.layer_norm import LAUNCH_ENV, launch_config, launch_evict
 
-    monkeypatch.setenv(LAUNCH_ENV, '{"768": {"residual": [1, 1, 1, 4224]}}')
-    assert launch_config(768, True, n_rows=65536) == (1, 1)
-    assert launch_variant(768, True, n_rows=65536) == (1, 4224)
+    assert launch_evict(4096, True, n_rows=4096) == 1 and launch_evict(4096, True, n_rows=65536) == 0
     monkeypatch.setenv(LAUNCH_ENV, '{"768": {"residual": [1, 1, 1]}}')
-    with pytest.raises(ValueError, match="evict, programs"):
+    assert launch_config(768, True, n_rows=65536) == (1, 1)
+    assert launch_evict(768, True, n_rows=65536) == 1
+    monkeypatch.setenv(LAUNCH_ENV, '{"768": {"residual": [1, 1, 1, 4224]}}')
+    with pytest.raises(ValueError, match="warps, evict"):
         launch_config(768, True)
+
+
+def test_tuned_spec_keeps_the_tables_eviction_hints():
+    """A tuned config for 4096 x 4096 AddLayerNorm compiles with the EVICT the tuner timed it with (the
+    table's, 1 up to FEW_ROWS rows), and without it past FEW_ROWS."""
+    from ort_triton.ops import ADD_LAYER_NORM
+
+    tuning = ADD_LAYER_NORM.tuning
+    for n_rows, want in ((4096, 1), (65536, 0)):
+        keys = tuning.keys("float16", [[n_rows, 4096]] * 2 + [[4096]] * 3, {})
+        spec = tuning.spec("float16", tuning.bucket(keys), {"ROWS": 1, "num_warps": 8})
+        assert spec.constexprs["EVICT"] == want and spec.constexprs["ROWS"] == 1
