@@ -95,6 +95,7 @@ def main(argv=None) -> int:
     import torch
 
     import graph_rewrites
+    from ort_triton.cli import save_atomic
 
     out_dir = args.out_dir or pathlib.Path(tempfile.mkdtemp(prefix="ot_generate_"))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -109,12 +110,18 @@ def main(argv=None) -> int:
     if args.batch > 1 and args.prompt > 2:
         mask[-1, :2] = 0  # a batched prompt is left-padded
 
-    variants = {"ORT": graph_rewrites.to_float16(onnx.load(path)) if args.float16 else str(path)}
+    # Every variant is a file: a 1B model in fp16 is past protobuf's 2 GiB, so it cannot go to ORT as bytes
+    # (save_atomic moves the weights of such a model to a data file beside it).
+    variants = {"ORT": str(path)}
+    if args.float16:
+        variants["ORT"] = str(out_dir / f"{path.stem}.float16.onnx")
+        save_atomic(graph_rewrites.to_float16(onnx.load(path)), pathlib.Path(variants["ORT"]))
     if args.optimize:
         optimized, report = graph_rewrites.optimize(str(path), report=True, float16=args.float16)
         fused = {k: v for k, v in report.ops_after.items() if k.startswith("ai.ort_triton.")}
         print(f"ort_triton fused: {fused or 'nothing'}")
-        variants["ORT + ort_triton"] = optimized
+        variants["ORT + ort_triton"] = str(out_dir / f"{path.stem}.ort_triton{'.float16' * args.float16}.onnx")
+        save_atomic(optimized, pathlib.Path(variants["ORT + ort_triton"]))
 
     results = {}
     if not args.no_torch:
@@ -129,13 +136,11 @@ def main(argv=None) -> int:
 
             providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
             if label == "ORT":  # stock: no library registered
-                data = onnx_model if isinstance(onnx_model, str) else onnx_model.SerializeToString()
-                session = ort.InferenceSession(data, providers=providers)
+                session = ort.InferenceSession(onnx_model, providers=providers)
             else:
                 session = ort_triton.make_session(onnx_model, providers=providers)
         else:
-            data = onnx_model if isinstance(onnx_model, str) else onnx_model.SerializeToString()
-            session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+            session = ort.InferenceSession(onnx_model, providers=["CPUExecutionProvider"])
         if args.cuda or args.io_binding:
             greedy_io_binding(session, model.config, ids, 2, mask, device=device)  # warm-up
             tokens, secs = timed(greedy_io_binding, session, model.config, ids, args.steps, mask, device=device)

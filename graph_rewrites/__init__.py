@@ -148,9 +148,12 @@ def to_float16(proto: onnx.ModelProto, *, keep_io_types: bool = False,
                keep_fp32: tuple[str, ...] = FP32_KEEP) -> onnx.ModelProto:
     """fp32 -> fp16 with onnxruntime's converter: initializers and activations in fp16, the ops in
     keep_fp32 (and ORT's block list) behind Casts, graph inputs/outputs fp32 when keep_io_types. The
-    result is topologically sorted. Drops proto's value_info entries that describe an initializer."""
+    result is topologically sorted. Drops proto's value_info entries that describe an initializer. Works
+    past protobuf's 2 GiB: the types come from _infer_shapes, which leaves the weights out (the converter's
+    own inference serialises the whole model, and an fp32 model of 540 M parameters or more cannot be)."""
     from onnxruntime.transformers import float16
 
+    proto = _infer_shapes(proto)
     # An initializer that only keep-listed ops read stays fp32, but the converter turns a value_info of the
     # same name (onnx_ir writes one per initializer) to fp16, which onnx's checker rejects; the initializer
     # carries its own type and shape, so the entry says nothing more.
@@ -158,7 +161,7 @@ def to_float16(proto: onnx.ModelProto, *, keep_io_types: bool = False,
         inits = {t.name for t in g.initializer}
         for v in [v for v in g.value_info if v.name in inits]:
             g.value_info.remove(v)
-    out = float16.convert_float_to_float16(proto, keep_io_types=keep_io_types,
+    out = float16.convert_float_to_float16(proto, keep_io_types=keep_io_types, disable_shape_infer=True,
                                            op_block_list=sorted(set(float16.DEFAULT_OP_BLOCK_LIST) | set(keep_fp32)))
     # The converter appends every Cast it adds (after a graph input, around a keep-listed op) at the end of
     # the main graph, after the nodes that read it: ORT runs that, but onnx.checker (full_check) and other
