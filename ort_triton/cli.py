@@ -85,6 +85,17 @@ def _own_data_files(out: pathlib.Path) -> set[pathlib.Path]:
     return {out.parent / f for f in named if ours.fullmatch(f)}
 
 
+def _past_proto_limit(model) -> bool:
+    """Whether the model is too big for one protobuf file. Past 2 GiB, protobuf's ByteSize itself raises
+    (EncodeError: "Failed to serialize proto"), which says the same."""
+    from google.protobuf.message import EncodeError
+
+    try:
+        return model.ByteSize() > _PROTO_LIMIT
+    except EncodeError:
+        return True
+
+
 def save_atomic(model, out: pathlib.Path, external: bool = False, keep=()) -> str | None:
     """Write next to the target, then rename: a crash leaves the old file or the new one, never half.
     With external=True, or past protobuf's 2 GiB, the weights go to a data file of a name unique to this
@@ -103,7 +114,7 @@ def save_atomic(model, out: pathlib.Path, external: bool = False, keep=()) -> st
     kept = {pathlib.Path(os.path.realpath(k)) for k in keep}
     old_data = {f for f in _own_data_files(out) if pathlib.Path(os.path.realpath(f)) not in kept}
     data_name = None
-    if external or model.ByteSize() > _PROTO_LIMIT:
+    if external or _past_proto_limit(model):
         data_name = f"{out.name}.{uuid.uuid4().hex[:8]}.data"
         convert_model_to_external_data(model, all_tensors_to_one_file=True, location=data_name, size_threshold=1024)
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
