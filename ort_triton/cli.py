@@ -18,6 +18,8 @@ import tempfile
 from rich.console import Console
 from rich.table import Table
 
+from .runtime import past_proto_limit
+
 
 class UserError(Exception):
     """Bad input: printed without a traceback, exit code 2."""
@@ -65,9 +67,6 @@ def _check_model(path: pathlib.Path):
     return model
 
 
-_PROTO_LIMIT = 2**31 - 2**26  # protobuf's 2 GiB, less headroom for the graph itself
-
-
 def _own_data_files(out: pathlib.Path) -> set[pathlib.Path]:
     """The data files an earlier save_atomic to `out` wrote and the model now at `out` still names: only
     those may be removed when it is replaced. A file `out` names under any other name is someone else's
@@ -83,17 +82,6 @@ def _own_data_files(out: pathlib.Path) -> set[pathlib.Path]:
         return set()
     ours = re.compile(re.escape(out.name) + r"\.[0-9a-f]{8}\.data")
     return {out.parent / f for f in named if ours.fullmatch(f)}
-
-
-def _past_proto_limit(model) -> bool:
-    """Whether the model is too big for one protobuf file. Past 2 GiB, protobuf's ByteSize itself raises
-    (EncodeError: "Failed to serialize proto"), which says the same."""
-    from google.protobuf.message import EncodeError
-
-    try:
-        return model.ByteSize() > _PROTO_LIMIT
-    except EncodeError:
-        return True
 
 
 def save_atomic(model, out: pathlib.Path, external: bool = False, keep=()) -> str | None:
@@ -114,7 +102,7 @@ def save_atomic(model, out: pathlib.Path, external: bool = False, keep=()) -> st
     kept = {pathlib.Path(os.path.realpath(k)) for k in keep}
     old_data = {f for f in _own_data_files(out) if pathlib.Path(os.path.realpath(f)) not in kept}
     data_name = None
-    if external or _past_proto_limit(model):
+    if external or past_proto_limit(model):
         data_name = f"{out.name}.{uuid.uuid4().hex[:8]}.data"
         convert_model_to_external_data(model, all_tensors_to_one_file=True, location=data_name, size_threshold=1024)
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")

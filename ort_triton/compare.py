@@ -133,13 +133,12 @@ def compare_models(a, b, *, device: str = "cpu", batch: int = 2, seq: int = 16, 
     inputs used. `device` "cuda" runs both on the CUDA EP, b with the ort_triton library. a and b are
     onnx.ModelProto or paths; ORT reads a path itself, with its external data, at any size."""
     import onnx
-    import onnxruntime as ort
 
-    from .runtime import make_session
+    from .runtime import inference_session, make_session
 
     providers = ["CUDAExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
     path_a = isinstance(a, (str, os.PathLike))
-    ref = ort.InferenceSession(os.fspath(a) if path_a else a.SerializeToString(), providers=providers)
+    ref = inference_session(os.fspath(a) if path_a else a, providers=providers)
     cand = make_session(pathlib.Path(b) if isinstance(b, (str, os.PathLike)) else b, providers=providers)
     if feeds is None:
         graph_a = onnx.load(os.fspath(a), load_external_data=False) if path_a else a  # dims are enough

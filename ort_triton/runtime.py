@@ -44,6 +44,42 @@ def register(session_options, library: str | pathlib.Path | None = None) -> path
     return path
 
 
+PROTO_LIMIT = 2**31 - 2**26  # protobuf's 2 GiB, less headroom for the graph itself
+
+
+def past_proto_limit(model) -> bool:
+    """Whether an onnx.ModelProto is too big to serialise as one protobuf. Past 2 GiB, protobuf's
+    ByteSize itself raises (EncodeError: "Failed to serialize proto"), which says the same."""
+    from google.protobuf.message import EncodeError
+
+    try:
+        return model.ByteSize() > PROTO_LIMIT
+    except EncodeError:
+        return True
+
+
+def inference_session(model, session_options=None, providers=("CPUExecutionProvider",)):
+    """ort.InferenceSession from a path, bytes or an onnx.ModelProto of any size: a ModelProto past
+    protobuf's 2 GiB cannot be handed over as bytes, so it is written to a temporary file with its weights
+    in a data file beside it, which ORT has read by the time the session exists. That moves the model's
+    tensors out to the file (the caller's proto is consumed), as onnx's external-data save does."""
+    import tempfile
+
+    import onnx
+    import onnxruntime as ort
+
+    if isinstance(model, (str, bytes, pathlib.Path)):
+        return ort.InferenceSession(str(model) if isinstance(model, pathlib.Path) else model, session_options,
+                                    providers=list(providers))
+    if not past_proto_limit(model):
+        return ort.InferenceSession(model.SerializeToString(), session_options, providers=list(providers))
+    with tempfile.TemporaryDirectory(prefix="ort_triton_model_") as tmp:
+        path = pathlib.Path(tmp) / "model.onnx"
+        onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                  location="model.onnx.data", size_threshold=1024)
+        return ort.InferenceSession(str(path), session_options, providers=list(providers))
+
+
 def _provider_name(p) -> str:
     return p[0] if isinstance(p, tuple) else p
 
@@ -65,6 +101,4 @@ def make_session(model, providers=("CUDAExecutionProvider", "CPUExecutionProvide
                                f"({ort.__version__}, {ort.get_available_providers()}): install onnxruntime-gpu, "
                                "or pass providers=['CPUExecutionProvider'] to run the function bodies on CPU")
         register(so, library)
-    data = model if isinstance(model, (bytes, str)) else (
-        str(model) if isinstance(model, pathlib.Path) else model.SerializeToString())
-    return ort.InferenceSession(data, so, providers=providers)
+    return inference_session(model, so, providers)

@@ -165,6 +165,20 @@ def summary(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _save(path: str, copy_gbs: float, instances: int, argv, rows: list[dict]) -> None:
+    import os
+
+    import torch
+
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as fh:
+        json.dump({"gpu": torch.cuda.get_device_name(), "ceiling_gbs": CEILING_GBS, "copy_gbs_this_run": copy_gbs,
+                   "nodes_per_chain": K, "instances": instances,
+                   "command": "python -m ort_triton.bench.layer_norm " + " ".join(argv or []),
+                   "rows": rows}, fh, indent=1)
+    os.replace(tmp, path)
+
+
 def main(argv=None) -> None:
     import sys
 
@@ -211,12 +225,21 @@ def main(argv=None) -> None:
                 # All variants of one shape are built first and then timed in interleaved rounds, so
                 # clock or thermal drift hits every variant alike (a few % between runs otherwise).
                 runners = {}
-                for variant, (_op, domain, _moved, residual) in VARIANTS.items():
-                    feeds = {"x": x, **({"r": r} if residual else {})}
-                    for label, lib in libraries if domain == DOMAIN else [("", None)]:
-                        name = f"{variant}@{label}" if label else variant
-                        model = chain_model(variant, hidden, type_name)
-                        runners[name] = [make_runner(model, feeds, lib) for _ in range(args.instances)]
+                try:
+                    for variant, (_op, domain, _moved, residual) in VARIANTS.items():
+                        feeds = {"x": x, **({"r": r} if residual else {})}
+                        for label, lib in libraries if domain == DOMAIN else [("", None)]:
+                            name = f"{variant}@{label}" if label else variant
+                            model = chain_model(variant, hidden, type_name)
+                            runners[name] = [make_runner(model, feeds, lib) for _ in range(args.instances)]
+                except Exception as e:  # noqa: BLE001  (ORT's out-of-memory is a RuntimeError, torch's its own)
+                    # every variant's sessions of a shape live at once: at 65536 x 8192 (1 GiB a tensor) four
+                    # libraries x 3 sessions ran out of memory (session 12); the other shapes still count
+                    print(f"{type_name:8} {rows:6} {hidden:5} skipped: {type(e).__name__}: {str(e)[:300]} (fewer "
+                          "--instances or --library builds fit)", flush=True)
+                    del runners, x, r
+                    torch.cuda.empty_cache()
+                    continue
                 samples = {(v, i): [] for v, runs in runners.items() for i in range(len(runs))}
                 for _ in range(args.rounds):
                     for variant, runs in runners.items():
@@ -240,11 +263,8 @@ def main(argv=None) -> None:
                           f"{gbs:7.0f} {100 * gbs / CEILING_GBS:5.1f}% "
                           f"{'' if t_only is None else f'{t_only * 1e3:14.2f}'}", flush=True)
                 del runners
-    with open(args.json, "w") as fh:
-        json.dump({"gpu": torch.cuda.get_device_name(), "ceiling_gbs": CEILING_GBS, "copy_gbs_this_run": copy_gbs,
-                   "nodes_per_chain": K, "instances": args.instances,
-                   "command": "python -m ort_triton.bench.layer_norm " + " ".join(argv or []),
-                   "rows": results}, fh, indent=1)
+                _save(args.json, copy_gbs, args.instances, argv, results)  # after every shape: a cut run keeps it
+    _save(args.json, copy_gbs, args.instances, argv, results)
     with open(args.json) as fh:
         print(summary(json.load(fh)), end="")
 

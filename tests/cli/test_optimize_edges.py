@@ -255,7 +255,7 @@ def test_a_model_protobuf_cannot_size_goes_to_a_data_file():
     beside it. A real model that size takes minutes to build, so a stand-in raises as protobuf does."""
     from google.protobuf.message import EncodeError
 
-    from ort_triton.cli import _past_proto_limit
+    from ort_triton.runtime import past_proto_limit
 
     class TooBig:
         def ByteSize(self):
@@ -265,4 +265,33 @@ def test_a_model_protobuf_cannot_size_goes_to_a_data_file():
         def ByteSize(self):
             return 1000
 
-    assert _past_proto_limit(TooBig()) and not _past_proto_limit(Small())
+    assert past_proto_limit(TooBig()) and not past_proto_limit(Small())
+
+
+def test_sessions_from_a_proto_past_two_gib_go_through_a_file(monkeypatch):
+    """make_session / compare_models / inference_session hand ORT a ModelProto as bytes, which protobuf cannot
+    make past 2 GiB; such a model goes through a temporary file with external data instead. A small model
+    stands in (past_proto_limit forced), and must give the same outputs as through bytes."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from ort_triton import runtime
+
+    def model():
+        w = numpy_helper.from_array(np.arange(4096, dtype=np.float32).reshape(64, 64) / 4096, "w")
+        return helper.make_model(helper.make_graph(
+            [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])], [w]),
+            opset_imports=[helper.make_opsetid("", 18)])
+
+    x = np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32)
+    want = runtime.inference_session(model()).run(None, {"x": x})[0]
+    saved = []
+    monkeypatch.setattr(runtime, "past_proto_limit", lambda m: saved.append(m) or True)
+    sources, session = [], ort.InferenceSession
+    monkeypatch.setattr(ort, "InferenceSession", lambda src, *a, **k: sources.append(src) or session(src, *a, **k))
+    got = runtime.make_session(model(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert saved and np.array_equal(got, want)
+    assert len(sources) == 1 and isinstance(sources[0], str) and sources[0].endswith("model.onnx")
