@@ -112,16 +112,18 @@ def main(argv=None) -> int:
 
     # Every variant is a file: a 1B model in fp16 is past protobuf's 2 GiB, so it cannot go to ORT as bytes
     # (save_atomic moves the weights of such a model to a data file beside it).
-    variants = {"ORT": str(path)}
+    stock = path
     if args.float16:
-        variants["ORT"] = str(out_dir / f"{path.stem}.float16.onnx")
-        save_atomic(graph_rewrites.to_float16(onnx.load(path)), pathlib.Path(variants["ORT"]))
+        stock = out_dir / f"{path.stem}.float16.onnx"
+        save_atomic(graph_rewrites.to_float16(onnx.load(path)), stock)
+    variants = {"ORT": str(stock)}
     if args.optimize:
         optimized, report = graph_rewrites.optimize(str(path), report=True, float16=args.float16)
         fused = {k: v for k, v in report.ops_after.items() if k.startswith("ai.ort_triton.")}
         print(f"ort_triton fused: {fused or 'nothing'}")
-        variants["ORT + ort_triton"] = str(out_dir / f"{path.stem}.ort_triton{'.float16' * args.float16}.onnx")
-        save_atomic(optimized, pathlib.Path(variants["ORT + ort_triton"]))
+        ours = out_dir / f"{path.stem}.ort_triton{'.float16' * args.float16}.onnx"
+        save_atomic(optimized, ours)
+        variants["ORT + ort_triton"] = str(ours)
 
     results = {}
     if not args.no_torch:

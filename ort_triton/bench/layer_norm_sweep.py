@@ -53,8 +53,9 @@ def main(argv=None) -> None:
                 for name, lay in layouts.items():
                     width = layout_width(lay)
                     results = {}
-                    table = launch_config(width, mode != "plain", mode == "residual+sum", n_rows=n)
-                    grid = ([table] if args.current else
+                    cur = (*launch_config(width, mode != "plain", mode == "residual+sum", n_rows=n),
+                           launch_evict(width, mode != "plain", mode == "residual+sum", n_rows=n))
+                    grid = ([cur[:2]] if args.current else
                             [(r, w) for r in map(int, args.rows_per_program.split(","))
                              for w in map(int, args.warps.split(","))])
                     for rows, warps in grid:
@@ -68,8 +69,6 @@ def main(argv=None) -> None:
                             results[(rows, warps, evict)] = triton.testing.do_bench_cudagraph(
                                 fn, rep=100, return_mode="median")
                     best = min(results, key=results.get)
-                    cur = (*launch_config(width, mode != "plain", mode == "residual+sum", n_rows=n),
-                           launch_evict(width, mode != "plain", mode == "residual+sum", n_rows=n))
                     gbs = functools.partial(lambda ms, nbytes: nbytes / ms / 1e6, nbytes=moved * x.numel() * 2)
                     print(f"{n:6} {h:5} {mode:13} layout={name:6} best rows={best[0]:2} warps={best[1]:2} "
                           f"evict={best[2]} "

@@ -173,19 +173,3 @@ def test_cpu_onnxruntime_registers_and_refuses_cpu_session(native_library):
     with pytest.raises(Exception, match="NOT_IMPLEMENTED.*LayerNorm"):
         ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
-
-def test_eviction_hints_only_where_the_table_sets_them():
-    """The launch table's third field reaches the compiled spec: AddLayerNorm at H=4096 up to FEW_ROWS rows
-    compiles with EVICT=1, past them and with the sum with EVICT=0 (what the native planner then picks by
-    the row key)."""
-    from ort_triton.ops import ADD_LAYER_NORM
-    from ort_triton.ops.layer_norm import FEW_ROWS
-
-    def evict(store_sum, n_rows):
-        spec = next(sp for sp in ADD_LAYER_NORM.specializations("float16")
-                    if sp.keys[1] == (store_sum, store_sum) and sp.keys[2][0] == 1 and sp.keys[3] == (2049, 4096)
-                    and sp.keys[4][0] <= n_rows <= sp.keys[4][1])
-        return spec.constexprs["EVICT"]
-
-    assert evict(0, 4096) == 1 and evict(0, FEW_ROWS) == 1
-    assert evict(0, FEW_ROWS + 1) == 0 and evict(1, 4096) == 0

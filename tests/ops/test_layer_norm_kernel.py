@@ -112,7 +112,6 @@ def test_bad_input_is_a_clear_error(bad, err):
         layer_norm(args["x"], args["gamma"], args["beta"], args["skip"])
 
 
-
 @pytest.mark.parametrize("evict", [False, True])
 @pytest.mark.parametrize("h", [768, 1030])
 def test_eviction_hints_change_no_bit(evict, h):
@@ -151,3 +150,20 @@ def test_tuned_spec_keeps_the_tables_eviction_hints():
         keys = tuning.keys("float16", [[n_rows, 4096]] * 2 + [[4096]] * 3, {})
         spec = tuning.spec("float16", tuning.bucket(keys), {"ROWS": 1, "num_warps": 8})
         assert spec.constexprs["EVICT"] == want and spec.constexprs["ROWS"] == 1
+
+
+def test_eviction_hints_only_where_the_table_sets_them():
+    """The launch table's third field reaches the compiled spec: AddLayerNorm at H=4096 up to FEW_ROWS rows
+    compiles with EVICT=1, past them and with the sum with EVICT=0 (the native planner picks between them
+    by the row key)."""
+    from ort_triton.ops import ADD_LAYER_NORM
+    from ort_triton.ops.layer_norm import FEW_ROWS
+
+    def evict(store_sum, n_rows):
+        spec = next(sp for sp in ADD_LAYER_NORM.specializations("float16")
+                    if sp.keys[1] == (store_sum, store_sum) and sp.keys[2][0] == 1 and sp.keys[3] == (2049, 4096)
+                    and sp.keys[4][0] <= n_rows <= sp.keys[4][1])
+        return spec.constexprs["EVICT"]
+
+    assert evict(0, 4096) == 1 and evict(0, FEW_ROWS) == 1
+    assert evict(0, FEW_ROWS + 1) == 0 and evict(1, 4096) == 0
