@@ -1,9 +1,10 @@
 """The rule registry: which fusions exist, in which order they run, and what each one did.
 
 Rules run in stages (a later stage matches the ops an earlier one made). Every rule is an onnxscript
-`RewriteRuleClassBase`; a tracer counts, per rule, the candidates whose structure matched (`tried`),
-those rewritten (`matched`) and, for the refused ones, the node and the reason `check` gave. The best
-partial structural match is kept too, for `--explain`.
+`RewriteRuleClassBase`, but for one that no pattern can state (pack_projections: n siblings of one value),
+which is a function run at its stage that counts for itself. For the pattern rules a tracer counts, per
+rule, the candidates whose structure matched (`tried`), those rewritten (`matched`) and, for the refused
+ones, the node and the reason `check` gave. The best partial structural match is kept too, for `--explain`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from . import pack_qkv as pack
 from . import rms_norm as rms
 from . import rotary as rope
 from . import swiglu as swi
+from .pack_projections import pack_projections
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +40,8 @@ class RuleInfo:
     make: Callable[[], list[pattern.RewriteRule]]
     commute: bool = False  # also try every operand order of commutative Add/Mul in the pattern
     emits: str | None = None  # a rule that makes a standard op, not ours: the op type its matches are counted by
+    # a rewrite no pattern can state (make gives no rules): run(model) -> (tried, matched, [(node, reason)])
+    run: Callable[[ir.Model], tuple[int, int, list[tuple[str, str]]]] | None = None
 
 
 RULES: tuple[RuleInfo, ...] = (
@@ -88,6 +92,9 @@ RULES: tuple[RuleInfo, ...] = (
     RuleInfo("pack_qkv", "MultiHeadAttention(x Wq + bq, x Wk, x Wv) -> PackedMultiHeadAttention(x [Wq|Wk|Wv], "
              "[bq|bk|bv])", 8, lambda: [pack.PackQkvRule.rule("pack_qkv", q_bias=b) for b in (True, False)],
              commute=True),
+    # After pack_qkv: BERT's Q/K/V go into PackedMultiHeadAttention, this packs what is left (decoders)
+    RuleInfo("pack_projections", "x @ W1 (+ b1), x @ W2 (+ b2), x @ W3 (+ b3), 3 or more -> "
+             "Split(x @ (W1|W2|W3) (+ (b1|b2|b3)))", 9, lambda: [], run=pack_projections),
     RuleInfo("rms_norm", "RMSNormalization(x, g) (opset 23, last axis) -> RMSNorm", 1,
              lambda: [rms.RMSNormalizationRule.rule("rms_norm")]),
     RuleInfo("rms_norm_decomposed", "[Cast] x * 1/sqrt(mean(x^2) + eps) [Cast] * g -> RMSNorm", 1,
@@ -221,11 +228,21 @@ def apply_rules(model: ir.Model, rules: list[RuleInfo], progress=None) -> dict[s
             for variant in (rule.commute() if info.commute else [rule]):
                 owners[id(variant)] = info
                 staged.setdefault(info.stage, []).append(variant)
+    passes = [info for info in rules if info.run is not None]
+    for info in passes:
+        staged.setdefault(info.stage, [])
     tracer = StatsTracer(owners)
     matched: collections.Counter = collections.Counter()
+    ran: dict[str, RuleStats] = {}
     for i, stage in enumerate(sorted(staged)):
         if progress:
-            progress(i, len(staged), ", ".join(sorted({owners[id(r)].name for r in staged[stage]})))
+            progress(i, len(staged), ", ".join(sorted({owners[id(r)].name for r in staged[stage]} |
+                                                      {p.name for p in passes if p.stage == stage})))
+        for info in (p for p in passes if p.stage == stage):
+            tried, n, refused = info.run(model)
+            ran[info.name] = RuleStats(info.name, info.identity, tried, n, [Refusal(*r) for r in refused])
+        if not staged[stage]:
+            continue
         rule_set = pattern.RewriteRuleSet(staged[stage])
         rule_set.apply_to_model(model.clone(), tracer=tracer)  # a new graph; the tensors are shared
         before = _tagged(model.graph)  # nodes from an earlier optimize carry tags too
@@ -241,4 +258,4 @@ def apply_rules(model: ir.Model, rules: list[RuleInfo], progress=None) -> dict[s
     stats = tracer.finish()
     for name, st in stats.items():
         st.matched = matched.get(name, 0)
-    return stats
+    return {**stats, **ran}

@@ -14,8 +14,10 @@ export ORT_TRITON_LIBRARY=$PWD/build/lib/libort_triton.so
 filter() { grep --line-buffered -v -E "Warning|warn\(|torchvision|^\s+(return|rename_mapping)|broadcast between"; }
 
 # LN_CANDIDATES="a={json};b={json}": one more library per candidate launch table (ops/layer_norm.py,
-# ORT_TRITON_LAYER_NORM_LAUNCH), built into build/ln_NAME; sets LN_LIBS to the `--library` arguments of
-# bench.layer_norm (the default library first, then NAME=PATH for each candidate).
+# ORT_TRITON_LAYER_NORM_LAUNCH), built into build/ln_NAME; LN_SOURCES="a=DIR;b=DIR": one more library per
+# kernel variant, built from another copy of the package (DIR/ort_triton, e.g. `git archive REV ort_triton |
+# tar -x -C DIR`, carried to the device) into build/ln_NAME. Sets LN_LIBS to the `--library` arguments of
+# bench.layer_norm (the default library first, then NAME=PATH for each candidate and variant).
 ln_libraries() {
   LN_LIBS=(--library "$ORT_TRITON_LIBRARY")
   local cands cand name
@@ -25,6 +27,36 @@ ln_libraries() {
     ORT_TRITON_LAYER_NORM_LAUNCH=${cand#*=} python3 -m ort_triton build --arch 90 -o "build/ln_$name" -q || return 1
     LN_LIBS+=(--library "$name=$PWD/build/ln_$name/libort_triton.so")
   done
+  IFS=';' read -ra cands <<< "${LN_SOURCES:-}"
+  for cand in "${cands[@]}"; do
+    name=${cand%%=*}
+    [ -f "${cand#*=}/ort_triton/__init__.py" ] || { echo "LN_SOURCES: no ${cand#*=}/ort_triton" >&2; return 1; }
+    PYTHONPATH=$(realpath "${cand#*=}"):$PYTHONPATH python3 -m ort_triton build --arch 90 -o "build/ln_$name" -q ||
+      return 1
+    LN_LIBS+=(--library "$name=$PWD/build/ln_$name/libort_triton.so")
+  done
+}
+
+# ln_chains HIDDEN: ln_libraries, then bench.layer_norm over them at LN_ROWS (default 4096 and 65536) x LN_HIDDEN
+# (default HIDDEN), LN_INSTANCES sessions a variant (default 3), each row count bounded by LN_TIMEOUT (150 s);
+# JSON in $OUT/ln_variants_ROWS.json.
+ln_chains() {
+  ln_libraries || return 1
+  local rows
+  for rows in ${LN_ROWS:-4096 65536}; do
+    timeout "${LN_TIMEOUT:-150}" python3 -m ort_triton.bench.layer_norm "${LN_LIBS[@]}" --instances "${LN_INSTANCES:-3}" \
+      --rows "$rows" --hidden "${LN_HIDDEN:-$1}" --json "$OUT/ln_variants_$rows.json" 2>&1 |
+      grep -v CleanUnusedInitializers | tail -40
+  done
+}
+
+# ln_tests: the LayerNorm kernel natively on CUDA and the ORT-level LayerNorm GPU tests (PYTEST_PATHS overrides
+# what runs), bounded by TEST_TIMEOUT (default 150 s); the log is $OUT/gpu_tests.log.
+ln_tests() {
+  timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider -W ignore --tb=short \
+    ${PYTEST_PATHS:-tests/ops/test_layer_norm_kernel.py tests/gpu -k "layer_norm or LayerNorm"} > "$OUT/gpu_tests.log" 2>&1
+  echo "pytest exit $?"
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -12
 }
 
 # sanitize DIR: compute-sanitizer memcheck and racecheck over the ORT-level GPU tests (the AOT cubins through

@@ -13,10 +13,7 @@ source "$(dirname "$0")/gpu_env.sh"
 for step in ${STEPS:-tests sweep ln}; do
   case $step in
   tests)
-    timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider -W ignore --tb=short \
-      ${PYTEST_PATHS:-tests/ops/test_layer_norm_kernel.py tests/gpu -k "layer_norm or LayerNorm"} > "$OUT/gpu_tests.log" 2>&1
-    echo "pytest exit $?"
-    grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -12 ;;
+    ln_tests ;;
   sweep)
     for h in ${SWEEP_HIDDEN:-768 1024 4096 8192}; do
       timeout "${SWEEP_TIMEOUT:-60}" python3 -m ort_triton.bench.layer_norm_sweep --rows 4096,65536 --hidden $h \
@@ -26,11 +23,6 @@ for step in ${STEPS:-tests sweep ln}; do
   ln)
     noevict='noevict={"4096":{"few:residual":[2,16,0]}}'
     LN_CANDIDATES=${LN_CANDIDATES-$noevict}
-    ln_libraries || exit 1
-    for rows in ${LN_ROWS:-4096 65536}; do
-      timeout "${LN_TIMEOUT:-150}" python3 -m ort_triton.bench.layer_norm "${LN_LIBS[@]}" --instances "${LN_INSTANCES:-3}" --rows $rows \
-        --hidden "${LN_HIDDEN:-768,1024,4096,8192}" --json "$OUT/ln_variants_$rows.json" 2>&1 |
-        grep -v CleanUnusedInitializers | tail -40
-    done ;;
+    ln_chains 768,1024,4096,8192 || exit 1 ;;
   esac
 done

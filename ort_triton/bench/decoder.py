@@ -258,8 +258,9 @@ class OrtOptimizer(_Rewritten):
 
 class OrtTriton(_Rewritten):
     name = "ort_triton"
-    file_name = "ort_triton"  # one fused model for every ort_triton runtime
+    file_name = "ort_triton"  # one fused model for every ort_triton runtime (of one set of rules)
     library = None  # the default library
+    disable: tuple[str, ...] = ()  # rules left out: an ablation's twin of a runtime
 
     def available(self, m):
         reason = super().available(m)
@@ -270,7 +271,7 @@ class OrtTriton(_Rewritten):
 
         from ..cli import save_atomic
 
-        model, report = graph_rewrites.optimize(str(m.export("default")), report=True)
+        model, report = graph_rewrites.optimize(str(m.export("default")), report=True, disable=list(self.disable))
         self.info = ", ".join(f"{r.name} {r.matched}" for r in report.rules.values() if r.matched)
         save_atomic(model, out, external=m.params * ELEM_BYTES[m.dtype] > 2**31)
 
@@ -305,7 +306,7 @@ class OrtTritonStatic(OrtTriton):
         from graph_rewrites.static_shapes import specialize
 
         (b, s), n = feeds["input_ids"].shape, feeds["attention_mask"].shape[1]
-        out = m.work / f"{m.name}.{m.dtype}.ort_triton_static.{b}x{s}x{n}.onnx"
+        out = m.work / f"{m.name}.{m.dtype}.{self.file_name}_static.{b}x{s}x{n}.onnx"
         stamp = str(self.path.stat().st_mtime_ns)
         if done(out) and out.with_name(out.name + ".done").read_text() == stamp:
             return out
@@ -328,6 +329,17 @@ class OrtTritonStatic(OrtTriton):
 
 class OrtTritonCudaGraph(OrtTritonStatic):
     name, cuda_graph = "ort_triton_cuda_graph", True
+
+
+class OrtTritonUnpackedStatic(OrtTritonStatic):
+    """ort_triton_static without pack_projections (Q, K and V as three MatMuls): what packing buys, beside it
+    in one run (bench.ab; opt-in, as is its CUDA-graph twin)."""
+
+    name, file_name, disable = "ort_triton_unpacked_static", "ort_triton_unpacked", ("pack_projections",)
+
+
+class OrtTritonUnpackedCudaGraph(OrtTritonUnpackedStatic):
+    name, cuda_graph = "ort_triton_unpacked_cuda_graph", True
 
 
 class _TunedLibrary:
@@ -399,7 +411,8 @@ class TorchCompileCudaGraph(TorchCompile):
 
 ALL = {rt.name: rt for rt in (OrtRuntime, OrtOpset23, OrtOpset23CudaGraph, OnnxscriptFusions, OrtOptimizer,
                               OrtTriton, OrtTritonStatic, OrtTritonCudaGraph, TorchEager, TorchCompile,
-                              TorchCompileCudaGraph, OrtTritonTuned, OrtTritonTunedCudaGraph)}
+                              TorchCompileCudaGraph, OrtTritonTuned, OrtTritonTunedCudaGraph,
+                              OrtTritonUnpackedStatic, OrtTritonUnpackedCudaGraph)}
 
 
 # ---- the loop -----------------------------------------------------------------------------------------

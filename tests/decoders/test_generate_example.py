@@ -11,7 +11,8 @@ from tests.conftest import ROOT
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("extra", [["--io-binding"], ["--exporter", "torchscript"]], ids=["io-binding", "run"])
+@pytest.mark.parametrize("extra", [["--io-binding"], ["--exporter", "torchscript"], ["--float16", "--io-binding"]],
+                         ids=["io-binding", "run", "float16"])
 def test_generate_example_tokens_identical(tmp_path, extra):
     res = subprocess.run([sys.executable, "examples/generate.py", "--model", "llama-tiny", "--steps", "8",
                           "--optimize", "--out-dir", str(tmp_path), *extra],

@@ -219,6 +219,10 @@ def test_every_layer_fused_and_outputs_equal(exported, name, exporter, impl, cac
     assert stats.matched == layers and not stats.refused, stats
     after = rep.ops_after
     assert after["ai.ort_triton.CausalAttention"] == layers and after["Softmax"] == after["Attention"] == 0, after
+    # Q, K and V as one MatMul and a Split in every layer; GPT-2's Conv1D is one projection already
+    packed = rep.rules["pack_projections"]
+    made = after["Split"] - rep.ops_before["Split"]
+    assert packed.matched == made == (0 if name.startswith("gpt2") else layers), packed
     for node in _causal_nodes(out):
         assert {a.name: helper.get_attribute_value(a) for a in node.attribute}["masked_rows"] == masked_rows
     a, b = _session(path), _session(out)
