@@ -8,7 +8,8 @@ per launch. At Llama-1B's shapes, one token (fp16, H200, cuBLAS, scripts/gemv_de
 Q 4.90 us, K 5.02, V 5.02, against 5.19 for the three packed; the Split that hands the parts back costs one
 small copy. Two projections (SwiGLU's gate and up) are not packed: each streams its 33 MB weight near the
 bandwidth already, and packed they measured slower (18.1 us against 2 x 8.43), and SiluMul takes them apart.
-The biases are packed too when every projection's one reader is an Add of a constant vector (Qwen2).
+The biases are packed too when every projection's one reader is an Add of a constant vector (Qwen2); readers
+with a bias and readers without are grouped apart (Phi: Q, K, V with theirs; fc1, whose bias BiasGelu took).
 
 Not a pattern rule: onnxscript's matcher binds one node per pattern node, so n siblings of one input cannot
 be a pattern; the grouping is a walk over each value's MatMul readers. BERT's Q/K/V are packed earlier, into
@@ -36,7 +37,8 @@ def _bias_add(y: ir.Value, n: int) -> tuple[ir.Node, np.ndarray] | None:
     if len(uses) != 1 or y.is_graph_output():
         return None
     add = uses[0].node
-    if add.op_type != "Add" or add.domain not in ("", "ai.onnx") or len(add.inputs) != 2:
+    if add.op_type != "Add" or add.domain not in ("", "ai.onnx") or len(add.inputs) != 2 or \
+            add.outputs[0].is_graph_output():  # a graph output keeps its Add (packed without the biases)
         return None
     other = add.inputs[1 - uses[0].idx]
     b = other.const_value.numpy() if other is not None and other.const_value is not None else None
@@ -61,11 +63,18 @@ def _refuse(group: list[ir.Node], x: ir.Value) -> str | None:
     return None
 
 
+def _has_bias(m: ir.Node) -> bool:
+    w = m.inputs[1]
+    return w is not None and w.shape is not None and w.shape.rank() == 2 and isinstance(w.shape[1], int) and \
+        _bias_add(m.outputs[0], w.shape[1]) is not None
+
+
 def _pack(graph: ir.Graph, x: ir.Value, group: list[ir.Node]) -> None:
+    """Pack one group of one kind: every projection with a bias Add, or none."""
     weights = [_weight(m) for m in group]
     sizes = [w.shape[1] for w in weights]
     adds = [_bias_add(m.outputs[0], n) for m, n in zip(group, sizes)]
-    with_bias = all(a is not None for a in adds)
+    with_bias = adds[0] is not None
     base = group[0].outputs[0].name or "proj"
 
     def const(values: np.ndarray, tag: str) -> ir.Value:
@@ -108,15 +117,25 @@ def pack_projections(model: ir.Model) -> tuple[int, int, list[tuple[str, str]]]:
         if (node.op_type == "MatMul" and node.domain in ("", "ai.onnx") and len(node.inputs) == 2
                 and node.inputs[0] is not None and node.outputs[0].uses()):
             groups.setdefault(id(node.inputs[0]), (node.inputs[0], []))[1].append(node)
-    for x, group in groups.values():
-        if len(group) < MIN_GROUP:
+    for x, readers in groups.values():
+        if len(readers) < MIN_GROUP:
             continue
-        tried += 1
-        reason = _refuse(group, x)
-        if reason:
-            refused.append((group[0].name or "MatMul", reason))
+        # with a bias Add and without, packed apart: Phi's fc1 reads the attention's input too, and its bias
+        # has gone into BiasGelu by now; with Q, K and V it would be packed into one zero-padded bias Add
+        biased = [m for m in readers if _has_bias(m)]
+        kinds = [k for k in (biased, [m for m in readers if m not in biased]) if len(k) >= MIN_GROUP]
+        tried += max(1, len(kinds))
+        if not kinds:
+            refused.append((readers[0].name or "MatMul", f"{len(biased)} of the {len(readers)} projections of "
+                            f"{x.name} have a bias Add, {len(readers) - len(biased)} have none: fewer than "
+                            f"{MIN_GROUP} of a kind"))
             continue
-        _pack(graph, x, group)
-        packed += 1
+        for group in kinds:
+            reason = _refuse(group, x)
+            if reason:
+                refused.append((group[0].name or "MatMul", reason))
+                continue
+            _pack(graph, x, group)
+            packed += 1
     graph.sort()
     return tried, packed, refused

@@ -16,6 +16,7 @@ import sys
 import tempfile
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .runtime import past_proto_limit
@@ -155,10 +156,11 @@ def rule_table(report, verbose: bool) -> Table:
     for col, just in (("rule", "left"), ("matched / tried", "right"), ("does", "left")):
         table.add_column(col, justify=just)
     for st in report.rules.values():
-        table.add_row(st.name, f"{st.matched} / {st.tried}", st.identity)
+        # escaped: identities and reasons hold brackets ("[Wq|Wk|Wv]", shapes) that rich would take for markup
+        table.add_row(st.name, f"{st.matched} / {st.tried}", escape(st.identity))
         if verbose:
             for r in st.refused:
-                table.add_row("", "[yellow]refused[/]", f"{r.node}: {r.reason}")
+                table.add_row("", "[yellow]refused[/]", escape(f"{r.node}: {r.reason}"))
     return table
 
 
@@ -222,11 +224,11 @@ def cmd_optimize(args) -> int:
     con.print(rule_table(report, args.verbose))
     if args.explain:
         st = report.rules[args.explain]
-        con.print(f"[bold]{st.name}[/]: {st.identity}; matched {st.matched} of {st.tried} candidates")
+        con.print(f"[bold]{st.name}[/]: {escape(st.identity)}; matched {st.matched} of {st.tried} candidates")
         for r in st.refused:
-            con.print(f"  refused {r.node}: {r.reason}")
+            con.print(escape(f"  refused {r.node}: {r.reason}"))
         if st.best_partial:
-            con.print(f"  best partial match, at {st.best_partial.node}: {st.best_partial.reason}")
+            con.print(escape(f"  best partial match, at {st.best_partial.node}: {st.best_partial.reason}"))
         if not st.refused and not st.best_partial:
             con.print("  no node started this rule's pattern")
     for note in report.notes:

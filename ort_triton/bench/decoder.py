@@ -84,6 +84,8 @@ class Model:
         # lm_head reads in full anyway
         self.step_weight_elems = total if tied else total - embed.numel()
         self.flop_params = total - (0 if tied else embed.numel())  # the GEMM weights (lm_head included)
+        # past protobuf's 2 GiB a model file keeps its weights in a data file beside it
+        self.big = total * ELEM_BYTES[dtype] > 2**31
 
     def export(self, kind: str) -> pathlib.Path:
         """kind: "default" (dynamo, default opset), "opset23" (dynamo, opset 23), "torchscript",
@@ -230,7 +232,7 @@ class OnnxscriptFusions(_Rewritten):
 
         optimized, counts = optimize_for_ort(ir.load(str(m.export("default"))))
         self.info = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()) if v) or "nothing fused"
-        ir.save(optimized, str(out), external_data=out.name + ".data" if m.params * 2 > 2**31 else None)
+        ir.save(optimized, str(out), external_data=out.name + ".data" if m.big else None)
 
 
 class OrtOptimizer(_Rewritten):
@@ -273,7 +275,7 @@ class OrtTriton(_Rewritten):
 
         model, report = graph_rewrites.optimize(str(m.export("default")), report=True, disable=list(self.disable))
         self.info = ", ".join(f"{r.name} {r.matched}" for r in report.rules.values() if r.matched)
-        save_atomic(model, out, external=m.params * ELEM_BYTES[m.dtype] > 2**31)
+        save_atomic(model, out, external=m.big)
 
     def session(self, m, path=None):
         from ..runtime import make_session
@@ -314,8 +316,7 @@ class OrtTritonStatic(OrtTriton):
         left = specialize(model, {k: list(v.shape) for k, v in feeds.items()})
         if left:
             raise RuntimeError(f"{len(left)} shape node(s) left after specialisation: {', '.join(left[:4])}")
-        big = m.params * ELEM_BYTES[m.dtype] > 2**31
-        ir.save(model, str(out), external_data=out.name + ".data" if big else None)
+        ir.save(model, str(out), external_data=out.name + ".data" if m.big else None)
         del model
         mark_done(out, stamp)
         return out

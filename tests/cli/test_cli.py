@@ -34,6 +34,9 @@ def test_optimize_prints_tables_and_writes_json(tmp_path):
     assert report["rules"]["add_layer_norm"]["matched"] == 1
     assert report["ops_after"] == {"ai.ort_triton.AddLayerNorm": 1}
     onnx.checker.check_model(onnx.load(tmp_path / "out.onnx"))
+    # every rule's one-line identity, brackets and all (rich would take "[bq|bk|bv]" for markup and drop it)
+    text = " ".join(res.stdout.split())
+    assert "PackedMultiHeadAttention(x [Wq|Wk|Wv], [bq|bk|bv])" in text, res.stdout
 
 
 def test_only_and_disable(tmp_path):
