@@ -175,7 +175,8 @@ def to_float16(proto: onnx.ModelProto, *, keep_io_types: bool = False,
     return out
 
 
-def optimize(model, *, only: list[str] | None = None, disable: list[str] | None = None, report: bool = False,
+def optimize(model, *, only: list[str] | None = None, disable: list[str] | None = None,
+             enable: list[str] | None = None, report: bool = False,
              float16: bool = False, keep_io_types: bool = False, keep_fp32: tuple[str, ...] = FP32_KEEP,
              progress=None, inplace: bool = False, static_shapes: dict[str, list[int]] | None = None):
     """Fuse what the rules find, then (float16=True) convert to fp16 (see to_float16). Returns a model
@@ -185,7 +186,7 @@ def optimize(model, *, only: list[str] | None = None, disable: list[str] | None 
     what) is called between rule stages. static_shapes {input: dims} specialises the model for those
     shapes after fusing (graph_rewrites/static_shapes.py: every shape computation folded, so ORT's CUDA EP
     runs every node and can capture a CUDA graph); a shape node it cannot fold is named in the notes."""
-    selected = rules = select(only, disable)
+    selected = rules = select(only, disable, enable)
     proto = _load(model, inplace)
     before = op_counts(proto)
     notes = []

@@ -26,7 +26,7 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from ort_triton.contract import DOMAIN
-from ort_triton.ops.rotary import MAX_HEAD_DIM, ROTARY
+from ort_triton.ops.rotary import MAX_HEAD_DIM, ROTARY, TRANSPOSE_ROTARY
 
 _TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
 _INT_TYPES = {ir.DataType.INT64, ir.DataType.INT32, ir.DataType.INT16, ir.DataType.INT8, ir.DataType.UINT8,
@@ -275,3 +275,27 @@ class OnnxRotaryRule(pattern.RewriteRuleClassBase):
         interleaved, r = self._plan
         return ROTARY.node(op, x, cos, sin, interleaved=interleaved, rotary_dim=r)
 
+
+
+class TransposeRotaryRule(pattern.RewriteRuleClassBase):
+    """Rotary(Transpose(x [B, S, N, D], perm=[0, 2, 1, 3]), cos, sin) -> TransposeRotary(x, cos, sin): the kernel
+    reads Q or K as its projection's Reshape left them, and the Transpose's launch and copy go."""
+
+    def pattern(self, op, x, cos, sin):
+        return op.Rotary(op.Transpose(x, _allow_other_attributes=True, _outputs=["xt"]), cos, sin, _domain=DOMAIN,
+                         _allow_other_attributes=True, _outputs=["y"])
+
+    def check(self, context, x, xt, y, **_):
+        result = pattern.MatchResult()
+        perm = list(xt.producer().attributes.get_ints("perm", []))
+        if perm != [0, 2, 1, 3]:
+            return result.fail(f"the Transpose's perm is {perm}, not [0, 2, 1, 3] (the head transpose)", xt.producer())
+        if len(xt.uses()) > 1 or xt.is_graph_output():
+            return result.fail(f"the transposed {xt.name} is also read elsewhere: the Transpose stays", xt.producer())
+        attrs = y.producer().attributes
+        self._plan = (attrs.get_int("interleaved", 0), attrs.get_int("rotary_dim", 0))
+        return result
+
+    def rewrite(self, op, x, cos, sin, **_):
+        interleaved, r = self._plan
+        return TRANSPOSE_ROTARY.node(op, x, cos, sin, interleaved=interleaved, rotary_dim=r)

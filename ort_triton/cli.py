@@ -206,7 +206,8 @@ def cmd_optimize(args) -> int:
     try:
         keep = tuple(args.keep_fp32.split(",")) if args.keep_fp32 else graph_rewrites.FP32_KEEP
         with _stage_progress(con) as progress:
-            out, report = graph_rewrites.optimize(model, only=args.only, disable=args.disable, report=True,
+            out, report = graph_rewrites.optimize(model, only=args.only, disable=args.disable, enable=args.enable,
+                                                  report=True,
                                                   float16=args.float16, keep_io_types=args.keep_io_types,
                                                   keep_fp32=keep, progress=progress, inplace=True,
                                                   static_shapes=static)
@@ -400,6 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("-o", "--output", required=True)
     o.add_argument("--only", action="append", metavar="RULE", help="apply only this rule (repeatable)")
     o.add_argument("--disable", action="append", metavar="RULE", help="skip this rule (repeatable)")
+    o.add_argument("--enable", action="append", metavar="RULE", help="also apply this rule of those off by "
+                   "default, not yet timed on a GPU (repeatable; today: transpose_rotary)")
     o.add_argument("--float16", action="store_true", help="convert to fp16 after fusing (onnxruntime's converter)")
     o.add_argument("--keep-io-types", action="store_true", help="with --float16: graph inputs/outputs stay fp32")
     o.add_argument("--keep-fp32", metavar="OP,OP", help="with --float16: ops left in fp32 (default: "

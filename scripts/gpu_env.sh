@@ -50,9 +50,10 @@ ln_chains() {
   done
 }
 
-# ln_tests: the LayerNorm kernel natively on CUDA and the ORT-level LayerNorm GPU tests (PYTEST_PATHS overrides
-# what runs), bounded by TEST_TIMEOUT (default 150 s); the log is $OUT/gpu_tests.log.
-ln_tests() {
+# gpu_tests: pytest on the GPU, by default the LayerNorm kernel natively on CUDA and the ORT-level LayerNorm GPU
+# tests (PYTEST_PATHS: other paths and options, split on spaces; -k matches ignoring case), bounded by
+# TEST_TIMEOUT (default 150 s); the log is $OUT/gpu_tests.log.
+gpu_tests() {
   timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider -W ignore --tb=short \
     ${PYTEST_PATHS:-tests/ops/test_layer_norm_kernel.py tests/gpu -k "layer_norm or LayerNorm"} > "$OUT/gpu_tests.log" 2>&1
   echo "pytest exit $?"

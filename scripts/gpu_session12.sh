@@ -13,7 +13,7 @@ source "$(dirname "$0")/gpu_env.sh"
 for step in ${STEPS:-tests sweep ln}; do
   case $step in
   tests)
-    ln_tests ;;
+    gpu_tests ;;
   sweep)
     for h in ${SWEEP_HIDDEN:-768 1024 4096 8192}; do
       timeout "${SWEEP_TIMEOUT:-60}" python3 -m ort_triton.bench.layer_norm_sweep --rows 4096,65536 --hidden $h \

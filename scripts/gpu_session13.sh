@@ -10,12 +10,14 @@
 #             decode shapes;
 #   pack      issue 5: Llama-1B with Q, K and V packed (pack_projections) against without, CUDA graphs, in
 #             alternating rounds (bench.ab --decoder; ROUNDS, ITERS, PREFILL, DECODE), bounded by PACK_TIMEOUT;
+#   tr        issue 5: the Rotary GPU tests (TransposeRotary among them), then Llama-1B with transpose_rotary (off by
+#             default) against without, CUDA graphs, alternating rounds, bounded by TR_TIMEOUT;
 #   generate  issue 5: 32 greedy tokens of GEN_MODEL (default llama-1b) with ort_triton against ORT fp16.
 source "$(dirname "$0")/gpu_env.sh"
 for step in ${STEPS:-tests ln gemv}; do
   case $step in
   tests)
-    ln_tests ;;
+    gpu_tests ;;
   ln)
     if [ -z "${LN_SOURCES+x}" ]; then
       LN_SOURCES=""
@@ -30,6 +32,12 @@ for step in ${STEPS:-tests ln gemv}; do
       --b ort_triton_cuda_graph --prefill "${PREFILL:-1x512,8x512}" --decode "${DECODE:-1x1024,16x1024}" \
       --rounds "${ROUNDS:-6}" --iters "${ITERS:-20}" --work build/decoder_work --json "$OUT/ab_llama-1b_unpacked_vs_packed.json" \
       2>&1 | filter | tee "$OUT/ab_llama-1b_unpacked_vs_packed.txt" | tail -8 ;;
+  tr)
+    PYTEST_PATHS="tests/ops/test_rotary_kernel.py tests/gpu -k rotary" TEST_TIMEOUT=${TEST_TIMEOUT:-120} gpu_tests
+    timeout "${TR_TIMEOUT:-420}" python3 -m ort_triton.bench.ab --decoder llama-1b --a ort_triton_cuda_graph \
+      --b ort_triton_tr_cuda_graph --prefill "${PREFILL:-1x512,8x512}" --decode "${DECODE:-1x1024,16x1024}" \
+      --rounds "${ROUNDS:-6}" --iters "${ITERS:-20}" --work build/decoder_work --json "$OUT/ab_llama-1b_tr.json" \
+      2>&1 | filter | tee "$OUT/ab_llama-1b_tr.txt" | tail -8 ;;
   generate)
     timeout "${GEN_TIMEOUT:-500}" python3 examples/generate.py --model "${GEN_MODEL:-llama-1b}" --cuda --optimize \
       --float16 --steps 32 --batch 2 --prompt 16 --no-torch 2>&1 | filter | tee "$OUT/generate_${GEN_MODEL:-llama-1b}.txt" | tail -30 ;;

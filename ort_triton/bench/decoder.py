@@ -263,6 +263,7 @@ class OrtTriton(_Rewritten):
     file_name = "ort_triton"  # one fused model for every ort_triton runtime (of one set of rules)
     library = None  # the default library
     disable: tuple[str, ...] = ()  # rules left out: an ablation's twin of a runtime
+    enable: tuple[str, ...] = ()  # rules off by default put in: a candidate's twin
 
     def available(self, m):
         reason = super().available(m)
@@ -273,7 +274,8 @@ class OrtTriton(_Rewritten):
 
         from ..cli import save_atomic
 
-        model, report = graph_rewrites.optimize(str(m.export("default")), report=True, disable=list(self.disable))
+        model, report = graph_rewrites.optimize(str(m.export("default")), report=True,
+                                                disable=list(self.disable), enable=list(self.enable))
         self.info = ", ".join(f"{r.name} {r.matched}" for r in report.rules.values() if r.matched)
         save_atomic(model, out, external=m.big)
 
@@ -341,6 +343,17 @@ class OrtTritonUnpackedStatic(OrtTritonStatic):
 
 class OrtTritonUnpackedCudaGraph(OrtTritonUnpackedStatic):
     name, cuda_graph = "ort_triton_unpacked_cuda_graph", True
+
+
+class OrtTritonTransposeRotaryStatic(OrtTritonStatic):
+    """ort_triton_static with transpose_rotary (off by default until timed): Q and K read by the rotary kernel
+    before the head transpose, the Transposes gone. Opt-in, as is its CUDA-graph twin."""
+
+    name, file_name, enable = "ort_triton_tr_static", "ort_triton_tr", ("transpose_rotary",)
+
+
+class OrtTritonTransposeRotaryCudaGraph(OrtTritonTransposeRotaryStatic):
+    name, cuda_graph = "ort_triton_tr_cuda_graph", True
 
 
 class _TunedLibrary:
@@ -413,7 +426,8 @@ class TorchCompileCudaGraph(TorchCompile):
 ALL = {rt.name: rt for rt in (OrtRuntime, OrtOpset23, OrtOpset23CudaGraph, OnnxscriptFusions, OrtOptimizer,
                               OrtTriton, OrtTritonStatic, OrtTritonCudaGraph, TorchEager, TorchCompile,
                               TorchCompileCudaGraph, OrtTritonTuned, OrtTritonTunedCudaGraph,
-                              OrtTritonUnpackedStatic, OrtTritonUnpackedCudaGraph)}
+                              OrtTritonUnpackedStatic, OrtTritonUnpackedCudaGraph, OrtTritonTransposeRotaryStatic,
+                              OrtTritonTransposeRotaryCudaGraph)}
 
 
 # ---- the loop -----------------------------------------------------------------------------------------

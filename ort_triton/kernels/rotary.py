@@ -10,8 +10,9 @@ from ..ops.rotary import BLOCK_DS, MAX_HEAD_DIM, NUM_WARPS, block_s
 
 @triton.jit
 def rotary_fwd(X, COS, SIN, Y, N, S, D, R, cos_b, cos_s, per_pair, interleaved,
-               BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
-    # program (s-block, head n, batch b) of X [B, N, S, D] (contiguous); cos/sin row (b', s') at
+               BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, X_BSND: tl.constexpr):
+    # program (s-block, head n, batch b) of Y [B, N, S, D] (contiguous), reading X [B, N, S, D] or, X_BSND
+    # (TransposeRotary), X [B, S, N, D], the head transpose done on the way; cos/sin row (b', s') at
     # b * cos_b + s * cos_s (a stride 0 broadcasts). Channel j < R:
     #   y[j] = x[j] * C[j] + sign(j) * x[p(j)] * S[j]
     #   half-split:  p(j) = (j + R/2) mod R, sign -1 for j < R/2;  interleaved: p(j) = j xor 1, sign -1 at even j
@@ -31,26 +32,31 @@ def rotary_fwd(X, COS, SIN, Y, N, S, D, R, cos_b, cos_s, per_pair, interleaved,
     mask = row_ok & (cols < D)[None, :]
     rot = row_ok & (cols < R)[None, :]
 
-    x_rows = X + ((b * N + tl.program_id(1)) * S + rows.to(tl.int64))[:, None] * D  # int64: B*N*S*D > 2^31
+    n = tl.program_id(1)
+    if X_BSND:  # int64: B*N*S*D > 2^31
+        x_rows = X + ((b * S + rows.to(tl.int64)) * N + n)[:, None] * D
+    else:
+        x_rows = X + ((b * N + n) * S + rows.to(tl.int64))[:, None] * D
     x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     xp = tl.load(x_rows + partner[None, :], mask=rot, other=0.0).to(tl.float32)
     c_offs = (b * cos_b + rows.to(tl.int64) * cos_s)[:, None] + cidx[None, :]
     c = tl.load(COS + c_offs, mask=rot, other=1.0).to(tl.float32)  # pass-through: x * 1 + x_p * 0
     s = tl.load(SIN + c_offs, mask=rot, other=0.0).to(tl.float32)
     y = x * c + tl.where(negate[None, :], -xp, xp) * s
-    y_rows = Y + ((b * N + tl.program_id(1)) * S + rows.to(tl.int64))[:, None] * D
+    y_rows = Y + ((b * N + n) * S + rows.to(tl.int64))[:, None] * D
     tl.store(y_rows + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
 
-def rotary(x, cos, sin, interleaved=0, rotary_dim=0, *, out=None):
-    """Run the kernel on torch tensors (tests, the interpreter, GPU timing); shapes as the contract says."""
+def rotary(x, cos, sin, interleaved=0, rotary_dim=0, *, out=None, x_bsnd=False):
+    """Run the kernel on torch tensors (tests, the interpreter, GPU timing); shapes as the contract says.
+    x_bsnd: X is [B, S, N, D] (TransposeRotary); Y is [B, N, S, D] either way."""
     import torch
 
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise TypeError(f"rotary: dtype {x.dtype} not supported (float32, float16, bfloat16)")
     if x.dim() != 4:
-        raise ValueError(f"rotary: X must be [B, N, S, D], got {list(x.shape)}")
-    batch, heads, seq, d = x.shape
+        raise ValueError(f"rotary: X must be [B, {'S, N' if x_bsnd else 'N, S'}, D], got {list(x.shape)}")
+    batch, heads, seq, d = (x.shape[0], x.shape[2], x.shape[1], x.shape[3]) if x_bsnd else x.shape
     r = rotary_dim or d
     if d > MAX_HEAD_DIM or r % 2 or not 2 <= r <= d:
         raise ValueError(f"rotary: D={d}, rotary_dim={r}: need an even rotary_dim in 2..D and D <= {MAX_HEAD_DIM}")
@@ -67,11 +73,11 @@ def rotary(x, cos, sin, interleaved=0, rotary_dim=0, *, out=None):
     cos_s = w if cos.shape[1] > 1 else 0
     cos_b = cos.shape[1] * w if cos.shape[0] > 1 else 0
     x = x.contiguous()
-    y = out if out is not None else torch.empty_like(x)
+    y = out if out is not None else x.new_empty(batch, heads, seq, d)
     bd = next(b for b in BLOCK_DS if d <= b)
     bs = block_s(bd)
     if x.numel():
         rotary_fwd[(triton.cdiv(seq, bs), heads, batch)](
             x, cos, sin, y, heads, seq, d, r, cos_b, cos_s, int(w != r), int(bool(interleaved)),
-            BLOCK_S=bs, BLOCK_D=bd, num_warps=NUM_WARPS)
+            BLOCK_S=bs, BLOCK_D=bd, X_BSND=bool(x_bsnd), num_warps=NUM_WARPS)
     return y

@@ -10,6 +10,7 @@
 
 #include "cuda_driver.h"
 #include "ot_table.h"
+#include "planner_util.h"
 
 #define OT_EXPORT __attribute__((visibility("default")))
 #define OT_MSG_LEN 1024
@@ -483,8 +484,13 @@ static int plan_hook(const char *op_name, int elem_type, int arch, int n_inputs,
                       plan.spec->kernel_name, image->arch, plan.grid[0], plan.grid[1], plan.grid[2],
                       32u * image->num_warps, image->shared_bytes, (int)(plan.spec - op->specs));
   if (plan.n_launches > 1 && used > 0 && (size_t)used < msg_len)
-    snprintf(msg + used, msg_len - (size_t)used, " grid2=%u,%u,%u scratch=%zu", plan.grid2[0], plan.grid2[1],
-             plan.grid2[2], plan.scratch_bytes);
+    used += snprintf(msg + used, msg_len - (size_t)used, " grid2=%u,%u,%u scratch=%zu", plan.grid2[0],
+                     plan.grid2[1], plan.grid2[2], plan.scratch_bytes);
+  for (int i = 0; i < n_outputs && used > 0 && (size_t)used < msg_len; i++) { /* the shapes the node will get */
+    char shape[160];
+    used += snprintf(msg + used, msg_len - (size_t)used, " out%d=%s", i,
+                     ot_shape_text(&plan.outputs[i], shape, sizeof shape));
+  }
   return 0;
 }
 

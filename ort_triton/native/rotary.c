@@ -1,9 +1,9 @@
-/* rotary.c: planner and kernel parameters for Rotary (contract: ort_triton/ops/rotary.py; kernel:
- * ort_triton/kernels/rotary.py).
+/* rotary.c: planner and kernel parameters for Rotary and TransposeRotary (contracts: ort_triton/ops/rotary.py;
+ * kernel: ort_triton/kernels/rotary.py, its X_BSND a constexpr of the spec).
  *
- * Inputs:  X [B, N, S, D]; cos [B', S', W] or [B', 1, S', W] with B' in {1, B}, S' in {1, S}, W = R or R/2;
- *          sin cos's shape.
- * Output:  Y, X's shape.
+ * Inputs:  X [B, N, S, D] (TransposeRotary: [B, S, N, D]); cos [B', S', W] or [B', 1, S', W] with B' in {1, B},
+ *          S' in {1, S}, W = R or R/2; sin cos's shape.
+ * Output:  Y [B, N, S, D].
  * Attributes (contract order): interleaved (0 or 1), rotary_dim (R; 0: D; even, 2..D).
  * Dispatch keys: (D, both D and W multiples of 16); one spec pair per BLOCK_D, consts = (BLOCK_S, BLOCK_D).
  * Grid: (ceil(S / BLOCK_S), N, B). */
@@ -26,14 +26,15 @@ typedef struct {
 
 static int integral(double v, double lo, double hi) { return v >= lo && v <= hi && v == (double)(int64_t)v; }
 
-static int shape_of(const ot_op *op, const ot_desc *in, const double *attrs, rotary_shape *out, char *err,
+/* bsnd: X is [B, S, N, D] (TransposeRotary) */
+static int shape_of(const ot_op *op, const ot_desc *in, const double *attrs, int bsnd, rotary_shape *out, char *err,
                     size_t err_len) {
   const ot_desc *x = &in[IN_X], *cos = &in[IN_COS], *sin = &in[IN_SIN];
   const char *xn = op->inputs[IN_X].name, *cn = op->inputs[IN_COS].name;
   char a[160], b[160];
   if (x->rank != 4) {
-    snprintf(err, err_len, "input %s has shape %s; it must have rank 4, [B, num_heads, S, head_dim]", xn,
-             ot_shape_text(x, a, sizeof a));
+    snprintf(err, err_len, "input %s has shape %s; it must have rank 4, %s", xn, ot_shape_text(x, a, sizeof a),
+             bsnd ? "[B, S, num_heads, head_dim]" : "[B, num_heads, S, head_dim]");
     return 1;
   }
   for (size_t i = 0; i < 4; i++) {
@@ -42,7 +43,7 @@ static int shape_of(const ot_op *op, const ot_desc *in, const double *attrs, rot
       return 1;
     }
   }
-  out->batch = x->dims[0], out->heads = x->dims[1], out->seq = x->dims[2], out->d = x->dims[3];
+  out->batch = x->dims[0], out->heads = x->dims[bsnd ? 2 : 1], out->seq = x->dims[bsnd ? 1 : 2], out->d = x->dims[3];
   if (!integral(attrs[ATTR_INTERLEAVED], 0, 1)) {
     snprintf(err, err_len, "attribute interleaved=%g must be 0 or 1", attrs[ATTR_INTERLEAVED]);
     return 1;
@@ -86,8 +87,8 @@ static int shape_of(const ot_op *op, const ot_desc *in, const double *attrs, rot
   return 0;
 }
 
-int ot_rotary_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_outputs, const double *attrs,
-                   ot_plan *plan, char *err, size_t err_len) {
+static int plan_rotary(const ot_op *op, const ot_desc *in, int n_inputs, int n_outputs, const double *attrs,
+                       int bsnd, ot_plan *plan, char *err, size_t err_len) {
   if (n_inputs != N_INPUTS || n_outputs != 1 || op->n_attrs != N_ATTRS) {
     snprintf(err, err_len, "the kernel table gives this op %d inputs, %d outputs and %d attributes, the rotary "
                            "planner expects 3, 1 and 2; the library is inconsistent, rebuild it",
@@ -95,7 +96,7 @@ int ot_rotary_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_outpu
     return 1;
   }
   rotary_shape sh;
-  if (shape_of(op, in, attrs, &sh, err, err_len)) return 1;
+  if (shape_of(op, in, attrs, bsnd, &sh, err, err_len)) return 1;
   const int64_t keys[N_KEYS] = {sh.d, sh.d % 16 == 0 && sh.w % 16 == 0};
   const ot_spec *spec = ot_find_spec(op, keys, N_KEYS, plan->arch);
   if (!spec) {
@@ -121,15 +122,15 @@ int ot_rotary_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_outpu
   plan->grid[1] = (unsigned)sh.heads;
   plan->grid[2] = (unsigned)sh.batch;
   plan->outputs[0] = in[IN_X];
+  plan->outputs[0].dims[1] = sh.heads, plan->outputs[0].dims[2] = sh.seq; /* [B, N, S, D] */
   return 0;
 }
 
-int ot_rotary_params(const ot_op *op, const ot_plan *plan, const ot_desc *in, void *const *ptrs, const double *attrs,
-                     void *storage, void **params) {
-  (void)plan;
+static int params_rotary(const ot_op *op, const ot_desc *in, void *const *ptrs, const double *attrs, int bsnd,
+                         void *storage, void **params) {
   rotary_shape sh;
   char err[8];
-  if (shape_of(op, in, attrs, &sh, err, sizeof err)) return -1; /* the plan has checked them */
+  if (shape_of(op, in, attrs, bsnd, &sh, err, sizeof err)) return -1; /* the plan has checked them */
   const int32_t v[8] = {(int32_t)sh.heads, (int32_t)sh.seq, (int32_t)sh.d, (int32_t)sh.r, (int32_t)sh.cos_b,
                         (int32_t)sh.cos_s, sh.w != sh.r, (int32_t)attrs[ATTR_INTERLEAVED]};
   uint64_t *slot = storage;
@@ -137,4 +138,26 @@ int ot_rotary_params(const ot_op *op, const ot_plan *plan, const ot_desc *in, vo
   for (int i = 0; i < 4; i++) ot_put_param(slot, params, n++, &ptrs[i], sizeof ptrs[i]); /* X, cos, sin, Y */
   for (int i = 0; i < 8; i++) ot_put_param(slot, params, n++, &v[i], sizeof v[i]); /* N, S, D, R, strides, flags */
   return n;
+}
+
+int ot_rotary_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_outputs, const double *attrs,
+                   ot_plan *plan, char *err, size_t err_len) {
+  return plan_rotary(op, in, n_inputs, n_outputs, attrs, 0, plan, err, err_len);
+}
+
+int ot_rotary_params(const ot_op *op, const ot_plan *plan, const ot_desc *in, void *const *ptrs, const double *attrs,
+                     void *storage, void **params) {
+  (void)plan;
+  return params_rotary(op, in, ptrs, attrs, 0, storage, params);
+}
+
+int ot_transpose_rotary_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_outputs, const double *attrs,
+                             ot_plan *plan, char *err, size_t err_len) {
+  return plan_rotary(op, in, n_inputs, n_outputs, attrs, 1, plan, err, err_len);
+}
+
+int ot_transpose_rotary_params(const ot_op *op, const ot_plan *plan, const ot_desc *in, void *const *ptrs,
+                               const double *attrs, void *storage, void **params) {
+  (void)plan;
+  return params_rotary(op, in, ptrs, attrs, 1, storage, params);
 }

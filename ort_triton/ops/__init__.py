@@ -10,7 +10,7 @@ from .embed_layer_norm import EMBED_LAYER_NORM
 from .layer_norm import ADD_LAYER_NORM, LAYER_NORM
 from .packed_attention import PACKED_MULTI_HEAD_ATTENTION
 from .rms_norm import ADD_RMS_NORM, RMS_NORM
-from .rotary import ROTARY
+from .rotary import ROTARY, TRANSPOSE_ROTARY
 from .swiglu import SILU_MUL
 
 ALL_OPS: tuple[OpContract, ...] = (LAYER_NORM, ADD_LAYER_NORM, BIAS_GELU, BIAS_GELU_TANH, MULTI_HEAD_ATTENTION)
@@ -19,4 +19,5 @@ ALL_OPS += (CAUSAL_ATTENTION,)
 ALL_OPS += (PACKED_MULTI_HEAD_ATTENTION,)
 ALL_OPS += (SILU_MUL, ROTARY)
 ALL_OPS += (EMBED_LAYER_NORM,)
+ALL_OPS += (TRANSPOSE_ROTARY,)
 BY_NAME: dict[str, OpContract] = {op.name: op for op in ALL_OPS}

@@ -28,6 +28,8 @@ cos and sin at their channel index, math in fp32; D up to 256.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnx
 from onnx import helper
@@ -57,14 +59,16 @@ def block_s(block_d: int) -> int:
     return TILE // block_d
 
 
-def _specs(_type_name: str) -> list[Spec]:
+def _specs(_type_name: str, x_bsnd: bool = False) -> list[Spec]:
     """Per BLOCK_D (head dims up to it), two specs: the first where D and the cos/sin row width W are
     multiples of 16 (then every row of X, Y, cos and sin starts 16-byte aligned: vector loads), the
-    second for any. The planner takes the first that fits. First choices, to be swept on the GPU."""
+    second for any. The planner takes the first that fits. First choices, to be swept on the GPU.
+    x_bsnd: TransposeRotary's, X read as [B, S, N, D]."""
     specs, lo = [], 1
     for bd in BLOCK_DS:
         for aligned in (1, 0):
-            specs.append(Spec(constexprs={"BLOCK_S": block_s(bd), "BLOCK_D": bd}, num_warps=NUM_WARPS,
+            specs.append(Spec(constexprs={"BLOCK_S": block_s(bd), "BLOCK_D": bd, "X_BSND": int(x_bsnd)},
+                              num_warps=NUM_WARPS,
                               keys=((lo, bd), (aligned, 1)), consts=(block_s(bd), bd),
                               divisible_by_16=("X", "COS", "SIN", "Y") + (("D", "cos_b", "cos_s") if aligned else ())))
         lo = bd + 1
@@ -93,9 +97,15 @@ def reference_rotary(x, cos, sin, interleaved=0, rotary_dim=0):
     return (np.concatenate([xr * c + rot * s, xp], axis=-1),)
 
 
-def _body(_opset: int) -> list[onnx.NodeProto]:
+def reference_transpose_rotary(x, cos, sin, interleaved=0, rotary_dim=0):
+    """TransposeRotary: Rotary of X [B, S, N, D] moved to [B, N, S, D]."""
+    return reference_rotary(np.swapaxes(np.asarray(x), 1, 2), cos, sin, interleaved, rotary_dim)
+
+
+def _body(_opset: int, x: str = "X") -> list[onnx.NodeProto]:
     """Valid from opset 15 (Shape's start/end attributes, CastLike-free: every constant is int64 or taken
-    from the inputs). Index arithmetic on j = Range(R), see the module docstring."""
+    from the inputs). Index arithmetic on j = Range(R), see the module docstring. x: the [B, N, S, D] value
+    the nodes read (TransposeRotary's body transposes its X into it first)."""
     n = helper.make_node
     ints = lambda name, vals: n("Constant", [], [name], value=helper.make_tensor(name, onnx.TensorProto.INT64,
                                                                                  [len(vals)], vals))
@@ -109,7 +119,7 @@ def _body(_opset: int) -> list[onnx.NodeProto]:
         ints("ax_last", [-1]), ints("start0", [0]), ints("end_max", [np.iinfo(np.int64).max]), ints("one1", [1]),
         n("Cast", ["il_attr"], ["il"], to=onnx.TensorProto.BOOL),
         # R: the attribute, D where it is 0
-        n("Shape", ["X"], ["d1"], start=-1), n("Squeeze", ["d1"], ["d"]),
+        n("Shape", [x], ["d1"], start=-1), n("Squeeze", ["d1"], ["d"]),
         n("Equal", ["r_attr", "zero"], ["r_default"]), n("Where", ["r_default", "d", "r_attr"], ["R"]),
         n("Div", ["R", "two"], ["half"]), n("Reshape", ["R", "one1"], ["R1"]),
         n("Range", ["zero", "R", "one"], ["j"]), n("Mod", ["j", "two"], ["j_odd"]),
@@ -131,7 +141,7 @@ def _body(_opset: int) -> list[onnx.NodeProto]:
             n("Concat", [f"{t}_b", "one1", f"{t}_sw"], [f"{t}_shape"], axis=0),
             n("Reshape", [t, f"{t}_shape"], [f"{t}4"]), n("Gather", [f"{t}4", "cidx"], [out], axis=-1))],
         # y = x_r * C + rot(x_r) * S, then the channels past R unchanged
-        n("Slice", ["X", "start0", "R1", "ax_last"], ["xr"]), n("Slice", ["X", "R1", "end_max", "ax_last"], ["xp"]),
+        n("Slice", [x, "start0", "R1", "ax_last"], ["xr"]), n("Slice", [x, "R1", "end_max", "ax_last"], ["xp"]),
         n("Gather", ["xr", "p"], ["xg"], axis=-1), n("Neg", ["xg"], ["xg_neg"]),
         n("Where", ["neg", "xg_neg", "xg"], ["rot"]),
         n("Mul", ["xr", "C"], ["xc"]), n("Mul", ["rot", "S"], ["rs"]), n("Add", ["xc", "rs"], ["yr"]),
@@ -153,4 +163,24 @@ ROTARY = OpContract(
     reference=reference_rotary,
     kernel=KERNEL,
     specializations=_specs,
+)
+
+
+# Rotary where HF's graph applies it, after the head transpose: Q and K come from their projection as
+# [B, S, N, D]; reading them in that layout saves the Transpose's launch and its pass over them (a decode
+# step's Transposes are launch-bound: two a layer). The same kernel (X_BSND), planner and params code.
+TRANSPOSE_ROTARY = OpContract(
+    name="TransposeRotary",
+    doc="Rotary(Transpose(X, perm=[0, 2, 1, 3])): X [B, S, N, D] (heads not yet transposed), Y [B, N, S, D]; "
+        "cos, sin and the attributes as Rotary's.",
+    inputs=(IO("X", "[B, S, N, D]"), IO("cos", "[B', S', W] or [B', 1, S', W]; B' in {1, B}, S' in {1, S}"),
+            IO("sin", "cos's shape")),
+    outputs=(IO("Y", "[B, N, S, D]"),),
+    attrs=ROTARY.attrs,
+    types=ROTARY.types,
+    body=lambda opset: [helper.make_node("Transpose", ["X"], ["X_bnsd"], perm=[0, 2, 1, 3]), *_body(opset, "X_bnsd")],
+    reference=reference_transpose_rotary,
+    kernel=dataclasses.replace(KERNEL, native_plan="ot_transpose_rotary_plan",
+                               native_params="ot_transpose_rotary_params"),
+    specializations=lambda t: _specs(t, x_bsnd=True),
 )

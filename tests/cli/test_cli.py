@@ -48,6 +48,27 @@ def test_only_and_disable(tmp_path):
     assert res.returncode == 2 and "unknown rule 'bogus'" in res.stderr
 
 
+def test_rules_off_by_default_are_named_in_the_help_and_enabled_on_request(tmp_path):
+    """--enable's help lists every rule that is off by default (the help text is written by hand); --enable
+    puts one in, `only` takes any, and the default set leaves them out."""
+    import graph_rewrites
+    from graph_rewrites.registry import select
+
+    off = [r.name for r in graph_rewrites.RULES if not r.default]
+    assert off, "no rule is off by default: drop --enable's list"
+    help_text = " ".join(run_cli("optimize", "--help").stdout.split())
+    assert all(name in help_text for name in off), help_text
+    names = lambda rules: {r.name for r in rules}  # noqa: E731
+    assert not names(select()) & set(off)
+    assert names(select(enable=off[:1])) - names(select()) == set(off[:1])
+    assert names(select(only=off[:1])) == set(off[:1])
+    assert off[0] not in names(select(enable=off[:1], disable=off[:1]))
+    src = _ln_model(tmp_path / "in.onnx")
+    run_cli("optimize", src, "-o", tmp_path / "o.onnx", "--enable", off[0])
+    res = run_cli("optimize", src, "-o", tmp_path / "o2.onnx", "--enable", "bogus", check=False)
+    assert res.returncode == 2 and "unknown rule 'bogus'" in res.stderr
+
+
 def test_nothing_to_fuse_says_so(tmp_path):
     g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],

@@ -256,3 +256,41 @@ def test_decoder_export(tmp_path_factory, name, exporter, opset):
     feeds = decoders.sample_inputs(model, batch=2, seq=5, past=3, left_pad=1)
     for a, b in zip(_run(onnx.load(path), feeds), _run(mine, feeds)):
         assert np.abs(a - b).max() / np.abs(a).max() < 1e-5
+
+
+@pytest.mark.parametrize("name, exporter, opset", EXPORTS, ids=lambda v: str(v))
+def test_decoder_export_transpose_rotary(tmp_path_factory, name, exporter, opset):
+    """transpose_rotary (off by default, `enable`): q's and k's head Transposes go into the op, every layer;
+    the outputs are the original's."""
+    from ort_triton import decoders
+
+    path = _export(tmp_path_factory, name, exporter, opset)
+    model = decoders.build(name)
+    layers = decoders.cache_spec(model)[0]
+    base = graph_rewrites.op_counts(graph_rewrites.optimize(path))
+    out, rep = graph_rewrites.optimize(path, report=True, enable=["transpose_rotary"])
+    ops = graph_rewrites.op_counts(out)
+    st = rep.rules["transpose_rotary"]
+    assert st.matched == 2 * layers and not st.refused, st
+    assert ops["ai.ort_triton.TransposeRotary"] == 2 * layers and "ai.ort_triton.Rotary" not in ops, ops
+    assert ops["Transpose"] == base["Transpose"] - 2 * layers, (ops, base)
+    feeds = decoders.sample_inputs(model, batch=2, seq=5, past=3, left_pad=1)
+    for a, b in zip(_run(onnx.load(path), feeds), _run(out, feeds)):
+        assert np.abs(a - b).max() / np.abs(a).max() < 1e-5
+
+
+def test_transpose_rotary_is_off_by_default_and_refuses_another_perm():
+    """Off unless enabled; a Transpose other than the head transpose stays (x given as [B, N, D, S] here)."""
+    nodes, inits = _rotate_half("xt", "y", "cos", "sin")
+    for perm, want in (([0, 2, 1, 3], 1), ([0, 1, 3, 2], 0)):
+        t = helper.make_node("Transpose", ["x"], ["xt"], perm=perm)
+        m = _model([t, *nodes], inits, x_shape=("B", "S", N, D) if want else ("B", N, D, "S"))
+        assert "transpose_rotary" not in graph_rewrites.optimize(m, only=None, report=True)[1].rules
+        out, rep = graph_rewrites.optimize(m, report=True, enable=["transpose_rotary"])
+        ops = graph_rewrites.op_counts(out)
+        assert ops.get("ai.ort_triton.TransposeRotary", 0) == want, (ops, rep.rules["transpose_rotary"])
+        if not want:
+            assert "perm is [0, 1, 3, 2]" in _reasons(rep, "transpose_rotary")
+        feeds = _feeds(m)
+        for a, b in zip(_run(m, feeds), _run(out, feeds)):
+            assert a.shape == b.shape and np.abs(a - b).max() / np.abs(a).max() < 1e-5

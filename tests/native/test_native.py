@@ -55,7 +55,8 @@ def first_spec(lib, op, elem_type, keys):
 
 
 def parse(msg):
-    m = re.fullmatch(r"kernel=(\S+) arch=(\d+) grid=(\d+),(\d+),(\d+) block=(\d+) shared=(\d+) spec=\d+", msg)
+    m = re.fullmatch(r"kernel=(\S+) arch=(\d+) grid=(\d+),(\d+),(\d+) block=(\d+) shared=(\d+) spec=\d+"
+                     r"(?: out\d+=\S+)*", msg)
     assert m, msg
     return m.group(1), [int(v) for v in m.groups()[1:]]
 

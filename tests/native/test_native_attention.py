@@ -52,7 +52,8 @@ def plan(lib, inputs, num_heads=None, scale=0.125, elem_type=FLOAT16, arch=90):
 
 
 def parse(msg):
-    m = re.fullmatch(r"kernel=(\S+) arch=(\d+) grid=(\d+),(\d+),(\d+) block=(\d+) shared=(\d+) spec=\d+", msg)
+    m = re.fullmatch(r"kernel=(\S+) arch=(\d+) grid=(\d+),(\d+),(\d+) block=(\d+) shared=(\d+) spec=\d+"
+                     r"(?: out\d+=\S+)*", msg)
     assert m, msg
     return [int(v) for v in m.groups()[1:]]
 

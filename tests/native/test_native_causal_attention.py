@@ -44,14 +44,14 @@ def plan(lib, inputs, masked_rows=0, elem_type=FLOAT16, arch=90):
 
 def parse(msg):
     m = re.fullmatch(r"kernel=(\S+) arch=(\d+) grid=(\d+),(\d+),(\d+) block=(\d+) shared=(\d+) spec=(\d+)"
-                     r"( grid2=(\d+),1,1 scratch=(\d+))?", msg)
+                     r"( grid2=(\d+),1,1 scratch=(\d+))?(?: out\d+=\S+)*", msg)
     assert m, msg
     return [int(v) for v in m.groups()[1:8]]
 
 
 def parse_split(msg):
     """(second grid, workspace bytes) of a split plan, None for one pass."""
-    m = re.search(r" grid2=(\d+),1,1 scratch=(\d+)$", msg)
+    m = re.search(r" grid2=(\d+),1,1 scratch=(\d+)(?: out\d+=\S+)*$", msg)
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 

@@ -42,7 +42,8 @@ def plan(lib, inputs, elem_type=FLOAT, types=None, n_outputs=1):
 
 
 def parse(msg):
-    m = re.fullmatch(r"kernel=\S+ arch=90 grid=(\d+),(\d+),(\d+) block=(\d+) shared=\d+ spec=(\d+)", msg)
+    m = re.fullmatch(r"kernel=\S+ arch=90 grid=(\d+),(\d+),(\d+) block=(\d+) shared=\d+ spec=(\d+)"
+                     r"(?: out\d+=\S+)*", msg)
     assert m, msg
     return [int(v) for v in m.groups()]
 

@@ -43,7 +43,8 @@ def expected(contract, elem_type, keys, rows):
 
 
 def parse(msg):
-    m = re.fullmatch(r"kernel=rms_norm_fwd arch=90 grid=(\d+),1,1 block=(\d+) shared=\d+ spec=(\d+)", msg)
+    m = re.fullmatch(r"kernel=rms_norm_fwd arch=90 grid=(\d+),1,1 block=(\d+) shared=\d+ spec=(\d+)"
+                     r"(?: out\d+=\S+)*", msg)
     assert m, msg
     grid, block, spec = map(int, m.groups())
     return spec, grid, block

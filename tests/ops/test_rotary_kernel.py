@@ -17,7 +17,7 @@ from onnx import TensorProto, helper
 
 from ort_triton.contract import DOMAIN
 from ort_triton.kernels.rotary import rotary
-from ort_triton.ops.rotary import BLOCK_DS, ROTARY, block_s, reference_rotary
+from ort_triton.ops.rotary import BLOCK_DS, ROTARY, TRANSPOSE_ROTARY, block_s, reference_rotary
 
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
 TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}
@@ -46,13 +46,16 @@ def _inputs(case, dtype, seed):
     return [t.to(dtype).to(DEVICE) for t in (x, cos, sin)]
 
 
+@pytest.mark.parametrize("x_bsnd", [False, True], ids=["Rotary", "TransposeRotary"])
 @pytest.mark.parametrize("dtype", list(TOL))
 @pytest.mark.parametrize("interleaved", [0, 1])
 @pytest.mark.parametrize("case", CASES, ids=str)
-def test_matches_reference(case, interleaved, dtype):
+def test_matches_reference(case, interleaved, dtype, x_bsnd):
+    """x_bsnd: the kernel reads X as [B, S, N, D] (TransposeRotary), its output is [B, N, S, D] all the same."""
     x, cos, sin = _inputs(case, dtype, sum(case))
     out = torch.full_like(x, float("nan"))
-    y = rotary(x, cos, sin, interleaved, case[4], out=out).double().cpu().numpy()
+    given = x.transpose(1, 2).contiguous() if x_bsnd else x
+    y = rotary(given, cos, sin, interleaved, case[4], out=out, x_bsnd=x_bsnd).double().cpu().numpy()
     (want,) = reference_rotary(*(t.double().cpu().numpy() for t in (x, cos, sin)), interleaved, case[4])
     assert np.isfinite(y).all(), "unwritten elements"
     err = np.abs(y - want).max() / np.abs(want).max()
@@ -98,13 +101,14 @@ def test_reference_is_onnx_rotary_embedding(interleaved, rotary_dim):
 
 # ---- the function body ----------------------------------------------------------------------------------------
 
-def _body_model(opset, x, cos, sin, **attrs):
-    node = helper.make_node("Rotary", ["x", "cos", "sin"], ["y"], domain=DOMAIN, **attrs)
+def _body_model(opset, x, cos, sin, op=ROTARY, **attrs):
+    node = helper.make_node(op.name, ["x", "cos", "sin"], ["y"], domain=DOMAIN, **attrs)
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, a.shape)
                                             for n, a in (("x", x), ("cos", cos), ("sin", sin))],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, x.shape)])
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [x.shape[i] for i in (
+                                  (0, 2, 1, 3) if op is TRANSPOSE_ROTARY else (0, 1, 2, 3))])])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(DOMAIN, 1)],
-                             functions=[ROTARY.function_proto(opset)], ir_version=10)
+                             functions=[op.function_proto(opset)], ir_version=10)
 
 
 @pytest.mark.parametrize("opset", [15, 17, 20, 23])
@@ -118,6 +122,22 @@ def test_body_equals_reference(case, interleaved, opset):
         None, {"x": x, "cos": cos, "sin": sin})
     (want,) = ROTARY.reference(x, cos, sin, interleaved=interleaved, rotary_dim=case[4])
     assert np.abs(y - want).max() / np.abs(want).max() < 1e-6
+
+
+@pytest.mark.parametrize("opset", [15, 23])
+@pytest.mark.parametrize("interleaved", [0, 1])
+@pytest.mark.parametrize("case", CASES[:6], ids=str)
+def test_transpose_rotary_body_equals_reference(case, interleaved, opset):
+    """TransposeRotary's body: the head Transpose, then Rotary's nodes; the reference transposes X first."""
+    x, cos, sin = (t.float().cpu().numpy() for t in _inputs(case, torch.float32, opset))
+    xs = np.ascontiguousarray(x.transpose(0, 2, 1, 3))  # [B, S, N, D], as the projection's Reshape leaves it
+    m = _body_model(opset, xs, cos, sin, op=TRANSPOSE_ROTARY, interleaved=interleaved, rotary_dim=case[4])
+    onnx.checker.check_model(m)
+    (y,) = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": xs, "cos": cos, "sin": sin})
+    (want,) = TRANSPOSE_ROTARY.reference(xs, cos, sin, interleaved=interleaved, rotary_dim=case[4])
+    np.testing.assert_allclose(want, reference_rotary(x, cos, sin, interleaved, case[4])[0], rtol=0, atol=0)
+    assert y.shape == x.shape and np.abs(y - want).max() / np.abs(want).max() < 1e-6
 
 
 def test_body_sin_is_reshaped_by_its_own_shape():
@@ -149,10 +169,10 @@ def lib(native_library):
     return lib
 
 
-def plan(lib, shapes, interleaved=0, rotary_dim=0):
+def plan(lib, shapes, interleaved=0, rotary_dim=0, op=b"Rotary"):
     n = len(shapes)
     msg = ctypes.create_string_buffer(1024)
-    rc = lib.ort_triton_plan_attrs(b"Rotary", FLOAT16, 90, n, (ctypes.c_int * n)(*[1] * n),
+    rc = lib.ort_triton_plan_attrs(op, FLOAT16, 90, n, (ctypes.c_int * n)(*[1] * n),
                                    (ctypes.c_int * n)(*map(len, shapes)),
                                    (ctypes.c_int64 * sum(map(len, shapes)))(*[d for s in shapes for d in s]), 1,
                                    2, (ctypes.c_double * 2)(interleaved, rotary_dim), msg, len(msg))
@@ -175,6 +195,21 @@ def test_plan_grid_and_spec(lib, x, cos, r, aligned):
     bd = next(b for b in BLOCK_DS if x[3] <= b)
     assert grid == [-(-x[2] // block_s(bd)), x[1], x[0]]
     assert int(re.search(r"spec=(\d+)", msg).group(1)) == 2 * BLOCK_DS.index(bd) + (0 if aligned else 1)
+
+
+@pytest.mark.parametrize("x, cos", [((2, 13, 4, 64), (1, 1, 13, 64)), ((3, 1, 32, 128), (3, 1, 1, 128))])
+def test_transpose_rotary_plan_reads_bsnd(lib, x, cos):
+    """X [B, S, N, D]: the grid and the output are over [B, N, S, D]."""
+    rc, msg = plan(lib, [x, cos, cos], op=b"TransposeRotary")
+    assert rc == 0, msg
+    grid = [int(v) for v in re.search(r"grid=(\d+),(\d+),(\d+)", msg).groups()]
+    bd = next(b for b in BLOCK_DS if x[3] <= b)
+    assert grid == [-(-x[1] // block_s(bd)), x[2], x[0]], msg
+    assert f"out0=[{x[0]},{x[2]},{x[1]},{x[3]}]" in msg.replace(" ", ""), msg
+    rc, msg = plan(lib, [x[:3], cos, cos], op=b"TransposeRotary")
+    assert rc != 0 and "[B, S, num_heads, head_dim]" in msg and msg.startswith("ort_triton TransposeRotary"), msg
+    rc, msg = plan(lib, [x, (1, 1, x[2], x[3]), (1, 1, x[2], x[3])], op=b"TransposeRotary")  # cos over N, not S
+    assert (rc != 0) == (x[1] != x[2] and x[2] != 1), msg
 
 
 @pytest.mark.parametrize("shapes, attrs, match", [
@@ -232,9 +267,11 @@ def kernel_stacks(op_name, arch, tmp_path):
 
 
 @pytest.mark.parametrize("arch", [80, 90])
-@pytest.mark.parametrize("op_name, n_specs", [("Rotary", 2 * len(BLOCK_DS)), ("SiluMul", 2)])
+@pytest.mark.parametrize("op_name, n_specs", [("Rotary", 2 * len(BLOCK_DS)), ("TransposeRotary", 2 * len(BLOCK_DS)),
+                                              ("SiluMul", 2)])
 def test_no_spills(op_name, n_specs, arch, tmp_path):
-    """Every spec of Rotary and SiluMul (tests/ops/test_swiglu_kernel.py defers to this one), all types."""
+    """Every spec of Rotary, TransposeRotary and SiluMul (tests/ops/test_swiglu_kernel.py defers to this one),
+    all types."""
     rows = kernel_stacks(op_name, arch, tmp_path)
     assert len(rows) == 3 * n_specs
     assert all(r["stack"] == 0 for r in rows), [r for r in rows if r["stack"]]
@@ -271,14 +308,18 @@ def run_on_cuda(gpu_library, model, feeds):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("op", [ROTARY, TRANSPOSE_ROTARY], ids=lambda o: o.name)
 @pytest.mark.parametrize("type_name", list(ONNX_TYPES))
 @pytest.mark.parametrize("interleaved", [0, 1])
 @pytest.mark.parametrize("case", CASES + [(4, 32, 1024, 128, 0, True, 3, 4, 1024)], ids=str)
-def test_cuda_ep_runs_the_kernel(gpu_library, case, interleaved, type_name):
+def test_cuda_ep_runs_the_kernel(gpu_library, case, interleaved, type_name, op):
+    """TransposeRotary gets X as [B, S, N, D] and must give the same [B, N, S, D] output."""
     torch_dtype = ONNX_TYPES[type_name][1]
     x, cos, sin = (t.to(torch_dtype).float().cpu().numpy() for t in _inputs(case, torch.float32, sum(case)))
-    model = _typed_op_model(ROTARY, [x.shape, cos.shape, sin.shape], type_name, interleaved=interleaved,
+    given = np.ascontiguousarray(x.transpose(0, 2, 1, 3)) if op is TRANSPOSE_ROTARY else x
+    model = _typed_op_model(op, [given.shape, cos.shape, sin.shape], type_name, interleaved=interleaved,
                             rotary_dim=case[4])
-    y = run_on_cuda(gpu_library, model, {"X32": x, "cos32": cos, "sin32": sin})
+    y = run_on_cuda(gpu_library, model, {"X32": given, "cos32": cos, "sin32": sin})
+    assert y.shape == x.shape
     (want,) = reference_rotary(x, cos, sin, interleaved, case[4])
     assert np.abs(y - want).max() / np.abs(want).max() < TOL[torch_dtype]
