@@ -85,9 +85,9 @@ def near_ties(ref_session, session, config, ids, mask, tokens, device) -> bool:
     ref, ours = [], []
     greedy_io_binding(ref_session, config, ids, tokens.shape[1], mask, device=device, forced=tokens, record=ref)
     greedy_io_binding(session, config, ids, tokens.shape[1], mask, device=device, forced=tokens, record=ours)
+    diffs = [float(np.abs(a - b).max()) for a, b in zip(ref, ours)]
     ties = True
-    for step, (a, b) in enumerate(zip(ref, ours)):
-        diff = float(np.abs(a - b).max())
+    for step, (a, b, diff) in enumerate(zip(ref, ours, diffs)):
         for row in np.flatnonzero(a.argmax(-1) != b.argmax(-1)):
             top2 = np.sort(a[row])[-2:]
             margin = float(top2[1] - top2[0])
@@ -95,7 +95,7 @@ def near_ties(ref_session, session, config, ids, mask, tokens, device) -> bool:
             print(f"    step {step} row {row}: argmax {a[row].argmax()} (reference) vs {b[row].argmax()}; reference "
                   f"top-2 margin {margin:.4f}, largest |logit difference| of the step {diff:.4f}")
     print(f"teacher-forced along the reference's tokens: largest |logit difference| "
-          f"{max(float(np.abs(a - b).max()) for a, b in zip(ref, ours)):.4f} (largest |logit| "
+          f"{max(diffs):.4f} (largest |logit| "
           f"{max(float(np.abs(a).max()) for a in ref):.2f}); every disagreement a near-tie: {ties}")
     return ties
 

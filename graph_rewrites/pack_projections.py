@@ -26,12 +26,13 @@ from .common import fresh_name
 MIN_GROUP = 3
 
 
-def _weight(node: ir.Node) -> np.ndarray | None:
+def _weight(node: ir.Node) -> ir.TensorProtocol | None:
+    """The MatMul's constant weight (its data is read only when a group is packed: a 1B model's are large)."""
     w = node.inputs[1]
-    return w.const_value.numpy() if w is not None and w.const_value is not None else None
+    return w.const_value if w is not None else None
 
 
-def _bias_add(y: ir.Value, n: int) -> tuple[ir.Node, np.ndarray] | None:
+def _bias_add(y: ir.Value, n: int) -> tuple[ir.Node, ir.TensorProtocol] | None:
     """y's one reader, when it is an Add of y and a constant [n] vector of y's type: (the Add, the vector)."""
     uses = list(y.uses())
     if len(uses) != 1 or y.is_graph_output():
@@ -41,8 +42,8 @@ def _bias_add(y: ir.Value, n: int) -> tuple[ir.Node, np.ndarray] | None:
             add.outputs[0].is_graph_output():  # a graph output keeps its Add (packed without the biases)
         return None
     other = add.inputs[1 - uses[0].idx]
-    b = other.const_value.numpy() if other is not None and other.const_value is not None else None
-    if b is None or b.shape != (n,) or other.dtype != y.dtype:
+    b = other.const_value if other is not None else None
+    if b is None or tuple(b.shape) != (n,) or b.dtype != y.dtype:
         return None
     return add, b
 
@@ -53,7 +54,7 @@ def _refuse(group: list[ir.Node], x: ir.Value) -> str | None:
         return f"input {x.name} has no known rank >= 2"
     weights = [_weight(m) for m in group]
     for m, w in zip(group, weights):
-        if w is None or w.ndim != 2:
+        if w is None or len(w.shape) != 2:
             return f"the weight {m.inputs[1].name} of MatMul {m.name} is not a 2-D constant"
     if len({w.dtype for w in weights}) != 1 or len({w.shape[0] for w in weights}) != 1:
         return f"the weights are not of one type and K ({[f'{w.dtype} {list(w.shape)}' for w in weights]})"
@@ -63,17 +64,17 @@ def _refuse(group: list[ir.Node], x: ir.Value) -> str | None:
     return None
 
 
-def _has_bias(m: ir.Node) -> bool:
-    w = m.inputs[1]
-    return w is not None and w.shape is not None and w.shape.rank() == 2 and isinstance(w.shape[1], int) and \
-        _bias_add(m.outputs[0], w.shape[1]) is not None
+def _bias_of(m: ir.Node) -> tuple[ir.Node, ir.TensorProtocol] | None:
+    """_bias_add of a MatMul with a 2-D constant weight, None for any other."""
+    w = _weight(m)
+    return _bias_add(m.outputs[0], w.shape[1]) if w is not None and len(w.shape) == 2 else None
 
 
 def _pack(graph: ir.Graph, x: ir.Value, group: list[ir.Node]) -> None:
     """Pack one group of one kind: every projection with a bias Add, or none."""
-    weights = [_weight(m) for m in group]
+    weights = [_weight(m).numpy() for m in group]
     sizes = [w.shape[1] for w in weights]
-    adds = [_bias_add(m.outputs[0], n) for m, n in zip(group, sizes)]
+    adds = [_bias_of(m) for m in group]
     with_bias = adds[0] is not None
     base = group[0].outputs[0].name or "proj"
 
@@ -87,8 +88,8 @@ def _pack(graph: ir.Graph, x: ir.Value, group: list[ir.Node]) -> None:
                          name=f"{base}__ot_packed")]
     packed = new_nodes[-1].outputs[0]
     if with_bias:
-        new_nodes.append(ir.Node("", "Add", [packed, const(np.concatenate([b for _, b in adds]), "packed_bias")],
-                                 name=f"{base}__ot_packed_bias"))
+        bias = const(np.concatenate([b.numpy() for _, b in adds]), "packed_bias")
+        new_nodes.append(ir.Node("", "Add", [packed, bias], name=f"{base}__ot_packed_bias"))
         packed = new_nodes[-1].outputs[0]
     olds = [a[0].outputs[0] for a in adds] if with_bias else [m.outputs[0] for m in group]
     split = ir.Node("", "Split", [packed, const(np.array(sizes, np.int64), "split_sizes")], attributes=[
@@ -122,7 +123,7 @@ def pack_projections(model: ir.Model) -> tuple[int, int, list[tuple[str, str]]]:
             continue
         # with a bias Add and without, packed apart: Phi's fc1 reads the attention's input too, and its bias
         # has gone into BiasGelu by now; with Q, K and V it would be packed into one zero-padded bias Add
-        biased = [m for m in readers if _has_bias(m)]
+        biased = [m for m in readers if _bias_of(m) is not None]
         kinds = [k for k in (biased, [m for m in readers if m not in biased]) if len(k) >= MIN_GROUP]
         tried += max(1, len(kinds))
         if not kinds:

@@ -276,7 +276,6 @@ class OnnxRotaryRule(pattern.RewriteRuleClassBase):
         return ROTARY.node(op, x, cos, sin, interleaved=interleaved, rotary_dim=r)
 
 
-
 class TransposeRotaryRule(pattern.RewriteRuleClassBase):
     """Rotary(Transpose(x [B, S, N, D], perm=[0, 2, 1, 3]), cos, sin) -> TransposeRotary(x, cos, sin): the kernel
     reads Q or K as its projection's Reshape left them, and the Transpose's launch and copy go."""
@@ -286,12 +285,12 @@ class TransposeRotaryRule(pattern.RewriteRuleClassBase):
                          _allow_other_attributes=True, _outputs=["y"])
 
     def check(self, context, x, xt, y, **_):
+        # a transposed x read elsewhere (or a graph output) is refused by the matcher itself ("an output of a
+        # matched node is also used outside the fused region")
         result = pattern.MatchResult()
         perm = list(xt.producer().attributes.get_ints("perm", []))
         if perm != [0, 2, 1, 3]:
             return result.fail(f"the Transpose's perm is {perm}, not [0, 2, 1, 3] (the head transpose)", xt.producer())
-        if len(xt.uses()) > 1 or xt.is_graph_output():
-            return result.fail(f"the transposed {xt.name} is also read elsewhere: the Transpose stays", xt.producer())
         attrs = y.producer().attributes
         self._plan = (attrs.get_int("interleaved", 0), attrs.get_int("rotary_dim", 0))
         return result

@@ -14,6 +14,12 @@
 #             default) against without, CUDA graphs, alternating rounds, bounded by TR_TIMEOUT;
 #   generate  issue 5: 32 greedy tokens of GEN_MODEL (default llama-1b) with ort_triton against ORT fp16.
 source "$(dirname "$0")/gpu_env.sh"
+# ab_llama A B NAME TIMEOUT: Llama-1B, runtime B against A (bench.decoder's), alternating rounds; $OUT/NAME.json
+ab_llama() {
+  timeout "$4" python3 -m ort_triton.bench.ab --decoder llama-1b --a "$1" --b "$2" --prefill "${PREFILL:-1x512,8x512}" \
+    --decode "${DECODE:-1x1024,16x1024}" --rounds "${ROUNDS:-6}" --iters "${ITERS:-20}" --work build/decoder_work \
+    --json "$OUT/$3.json" 2>&1 | filter | tee "$OUT/$3.txt" | tail -8
+}
 for step in ${STEPS:-tests ln gemv}; do
   case $step in
   tests)
@@ -28,16 +34,10 @@ for step in ${STEPS:-tests ln gemv}; do
     timeout "${GEMV_TIMEOUT:-100}" python3 scripts/gemv_decode_micro.py --rows 1,16 --splits 1,4,8,16 \
       --block-n 64,128,256 --block-k 64 --rep 10 --json "$OUT/gemv_decode_micro.jsonl" 2>&1 | filter | tail -40 ;;
   pack)
-    timeout "${PACK_TIMEOUT:-540}" python3 -m ort_triton.bench.ab --decoder llama-1b --a ort_triton_unpacked_cuda_graph \
-      --b ort_triton_cuda_graph --prefill "${PREFILL:-1x512,8x512}" --decode "${DECODE:-1x1024,16x1024}" \
-      --rounds "${ROUNDS:-6}" --iters "${ITERS:-20}" --work build/decoder_work --json "$OUT/ab_llama-1b_unpacked_vs_packed.json" \
-      2>&1 | filter | tee "$OUT/ab_llama-1b_unpacked_vs_packed.txt" | tail -8 ;;
+    ab_llama ort_triton_unpacked_cuda_graph ort_triton_cuda_graph ab_llama-1b_unpacked_vs_packed "${PACK_TIMEOUT:-540}" ;;
   tr)
     PYTEST_PATHS="tests/ops/test_rotary_kernel.py tests/gpu -k rotary" TEST_TIMEOUT=${TEST_TIMEOUT:-120} gpu_tests
-    timeout "${TR_TIMEOUT:-420}" python3 -m ort_triton.bench.ab --decoder llama-1b --a ort_triton_cuda_graph \
-      --b ort_triton_tr_cuda_graph --prefill "${PREFILL:-1x512,8x512}" --decode "${DECODE:-1x1024,16x1024}" \
-      --rounds "${ROUNDS:-6}" --iters "${ITERS:-20}" --work build/decoder_work --json "$OUT/ab_llama-1b_tr.json" \
-      2>&1 | filter | tee "$OUT/ab_llama-1b_tr.txt" | tail -8 ;;
+    ab_llama ort_triton_cuda_graph ort_triton_tr_cuda_graph ab_llama-1b_tr "${TR_TIMEOUT:-420}" ;;
   generate)
     timeout "${GEN_TIMEOUT:-500}" python3 examples/generate.py --model "${GEN_MODEL:-llama-1b}" --cuda --optimize \
       --float16 --steps 32 --batch 2 --prompt 16 --no-torch 2>&1 | filter | tee "$OUT/generate_${GEN_MODEL:-llama-1b}.txt" | tail -30 ;;

@@ -173,9 +173,8 @@ TRANSPOSE_ROTARY = OpContract(
     name="TransposeRotary",
     doc="Rotary(Transpose(X, perm=[0, 2, 1, 3])): X [B, S, N, D] (heads not yet transposed), Y [B, N, S, D]; "
         "cos, sin and the attributes as Rotary's.",
-    inputs=(IO("X", "[B, S, N, D]"), IO("cos", "[B', S', W] or [B', 1, S', W]; B' in {1, B}, S' in {1, S}"),
-            IO("sin", "cos's shape")),
-    outputs=(IO("Y", "[B, N, S, D]"),),
+    inputs=(IO("X", "[B, S, N, D]"), *ROTARY.inputs[1:]),  # cos, sin
+    outputs=ROTARY.outputs,
     attrs=ROTARY.attrs,
     types=ROTARY.types,
     body=lambda opset: [helper.make_node("Transpose", ["X"], ["X_bnsd"], perm=[0, 2, 1, 3]), *_body(opset, "X_bnsd")],
