@@ -1,10 +1,11 @@
 """The rule registry: which fusions exist, in which order they run, and what each one did.
 
 Rules run in stages (a later stage matches the ops an earlier one made). Every rule is an onnxscript
-`RewriteRuleClassBase`, but for one that no pattern can state (pack_projections: n siblings of one value),
-which is a function run at its stage that counts for itself. For the pattern rules a tracer counts, per
-rule, the candidates whose structure matched (`tried`), those rewritten (`matched`) and, for the refused
-ones, the node and the reason `check` gave. The best partial structural match is kept too, for `--explain`.
+`RewriteRuleClassBase`, but for those no pattern states well (pack_projections: n siblings of one value;
+qkv_rotary_cache: three roots), which are functions run at their stage that count for themselves. For the
+pattern rules a tracer counts, per rule, the candidates whose structure matched (`tried`), those rewritten
+(`matched`) and, for the refused ones, the node and the reason `check` gave. The best partial structural
+match is kept too, for `--explain`.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from . import rms_norm as rms
 from . import rotary as rope
 from . import swiglu as swi
 from .pack_projections import pack_projections
+from .qkv_rotary_cache import qkv_rotary_cache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,10 +120,15 @@ RULES: tuple[RuleInfo, ...] = (
     RuleInfo("rotary_partial", "cat(Rotary(x[..., :R]), x[..., R:]) -> Rotary(x, rotary_dim=R)", 2,
              lambda: [rope.PartialRotaryRule.rule("rotary_partial")]),
     # Last: the other rules (causal_attention's Q and K) see the Rotary and Transpose as the exporter left them
-    # Off by default until timed on the GPU (checked on CPU: the kernel under the interpreter, the planner, the
-    # outputs of every decoder export); `--enable transpose_rotary`, bench.decoder's ort_triton_tr_* runtimes.
+    # On by default since its H200 run (session 14, bench/results/README.md): Llama-1B 1.018x geomean over prefill
+    # and decode, 0.998x at prefill 8x512 (rounds 0.987-1.057), bit-identical logits.
     RuleInfo("transpose_rotary", "Rotary(Transpose(x [B, S, N, D], perm=[0, 2, 1, 3])) -> TransposeRotary(x)", 10,
-             lambda: [rope.TransposeRotaryRule.rule("transpose_rotary")], default=False),
+             lambda: [rope.TransposeRotaryRule.rule("transpose_rotary")]),
+    # After transpose_rotary (it reads its TransposeRotary nodes). On by default since its H200 run (session 14,
+    # bench/results/README.md): Llama-1B decode 1.12x at 1x1024 and 16x1024, prefill 1.006-1.04x, same logits.
+    RuleInfo("qkv_rotary_cache", "Split(QKV) -> q, k, v heads; TransposeRotary(q), Concat(past_key, "
+             "TransposeRotary(k)), Concat(past_value, Transpose(v)) -> QKVRotaryCache", 11, lambda: [],
+             run=qkv_rotary_cache),
     RuleInfo("causal_attention", "softmax(QK'^T*s + causal padding mask)V', GQA repeat_kv, heads merged -> "
              "CausalAttention", 5, lambda: [causal.CausalAttentionRule.rule("causal_attention")]),
     RuleInfo("causal_attention_onnx", "ONNX Attention(Q, K', V', causal padding mask) (opset 23), heads merged -> "

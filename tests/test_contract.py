@@ -14,6 +14,7 @@ from ort_triton.ops.bias_gelu import BIAS_GELU, BIAS_GELU_TANH
 from ort_triton.ops.embed_layer_norm import EMBED_LAYER_NORM
 from ort_triton.ops.layer_norm import ADD_LAYER_NORM, LAYER_NORM
 from ort_triton.ops.packed_attention import PACKED_MULTI_HEAD_ATTENTION
+from ort_triton.ops.qkv_rotary_cache import QKV_ROTARY_CACHE
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(1.0, 2.0, (2, 5, 24)).astype(np.float32)
@@ -36,6 +37,10 @@ CASES = {  # op -> (inputs, attributes)
                         RNG.normal(size=(10, 24)), RNG.normal(size=(2, 24)), RNG.normal(size=(7, 24)),
                         RNG.normal(1, 0.3, 24), RNG.normal(0, 0.3, 24)],
                        {"epsilon": 1e-12}),
+    # QKV [2, 5, (3 + 2 * 1) * 8], cos/sin [1, 1, 5, 4] (partial: 4 of 8 channels), a cache of 3
+    QKV_ROTARY_CACHE: ([RNG.normal(size=(2, 5, 40)), RNG.normal(size=(1, 1, 5, 4)), RNG.normal(size=(1, 1, 5, 4)),
+                        RNG.normal(size=(2, 1, 3, 8)), RNG.normal(size=(2, 1, 3, 8))],
+                       {"interleaved": 1, "rotary_dim": 4}),
 }
 
 

@@ -345,15 +345,17 @@ class OrtTritonUnpackedCudaGraph(OrtTritonUnpackedStatic):
     name, cuda_graph = "ort_triton_unpacked_cuda_graph", True
 
 
-class OrtTritonTransposeRotaryStatic(OrtTritonStatic):
-    """ort_triton_static with transpose_rotary (off by default until timed): Q and K read by the rotary kernel
-    before the head transpose, the Transposes gone. Opt-in, as is its CUDA-graph twin."""
+class OrtTritonNoQkvRotaryCacheStatic(OrtTritonStatic):
+    """ort_triton_static without qkv_rotary_cache: each layer's Split of the packed Q/K/V, its two rotaries, V's
+    Transpose and the two cache Concats as six launches, not one QKVRotaryCache. Beside ort_triton_static
+    (bench.ab) it measures what the fusion buys (the past's copy into present stays in both). Opt-in, as is its
+    CUDA-graph twin."""
 
-    name, file_name, enable = "ort_triton_tr_static", "ort_triton_tr", ("transpose_rotary",)
+    name, file_name, disable = "ort_triton_no_qrc_static", "ort_triton_no_qrc", ("qkv_rotary_cache",)
 
 
-class OrtTritonTransposeRotaryCudaGraph(OrtTritonTransposeRotaryStatic):
-    name, cuda_graph = "ort_triton_tr_cuda_graph", True
+class OrtTritonNoQkvRotaryCacheCudaGraph(OrtTritonNoQkvRotaryCacheStatic):
+    name, cuda_graph = "ort_triton_no_qrc_cuda_graph", True
 
 
 class _TunedLibrary:
@@ -426,8 +428,8 @@ class TorchCompileCudaGraph(TorchCompile):
 ALL = {rt.name: rt for rt in (OrtRuntime, OrtOpset23, OrtOpset23CudaGraph, OnnxscriptFusions, OrtOptimizer,
                               OrtTriton, OrtTritonStatic, OrtTritonCudaGraph, TorchEager, TorchCompile,
                               TorchCompileCudaGraph, OrtTritonTuned, OrtTritonTunedCudaGraph,
-                              OrtTritonUnpackedStatic, OrtTritonUnpackedCudaGraph, OrtTritonTransposeRotaryStatic,
-                              OrtTritonTransposeRotaryCudaGraph)}
+                              OrtTritonUnpackedStatic, OrtTritonUnpackedCudaGraph, OrtTritonNoQkvRotaryCacheStatic,
+                              OrtTritonNoQkvRotaryCacheCudaGraph)}
 
 
 # ---- the loop -----------------------------------------------------------------------------------------

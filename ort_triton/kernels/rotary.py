@@ -9,18 +9,14 @@ from ..ops.rotary import BLOCK_DS, MAX_HEAD_DIM, NUM_WARPS, block_s
 
 
 @triton.jit
-def rotary_fwd(X, COS, SIN, Y, N, S, D, R, cos_b, cos_s, per_pair, interleaved,
-               BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, X_BSND: tl.constexpr):
-    # program (s-block, head n, batch b) of Y [B, N, S, D] (contiguous), reading X [B, N, S, D] or, X_BSND
-    # (TransposeRotary), X [B, S, N, D], the head transpose done on the way; cos/sin row (b', s') at
-    # b * cos_b + s * cos_s (a stride 0 broadcasts). Channel j < R:
-    #   y[j] = x[j] * C[j] + sign(j) * x[p(j)] * S[j]
-    #   half-split:  p(j) = (j + R/2) mod R, sign -1 for j < R/2;  interleaved: p(j) = j xor 1, sign -1 at even j
-    #   C[j] = cos[j] (W = R) or one value per pair, cos[j mod R/2] / cos[j // 2] (W = R/2)
-    # channels j >= R: y[j] = x[j]. The partner load hits the lines the first load brought in.
-    pid_s = tl.program_id(0)
-    b = tl.program_id(2).to(tl.int64)
-    rows = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
+def rope_rows(x_rows, COS, SIN, c_rows, row_ok, D, R, per_pair, interleaved, rotate, BLOCK_D: tl.constexpr):
+    """One tile of rows: x_rows [BLOCK_S] pointers to each row's channel 0, c_rows [BLOCK_S] the offset of its
+    cos/sin row; rotate (scalar) 0 passes the rows through. Returns (y fp32 [BLOCK_S, BLOCK_D], its store mask).
+    Channel j < R:
+      y[j] = x[j] * C[j] + sign(j) * x[p(j)] * S[j]
+      half-split:  p(j) = (j + R/2) mod R, sign -1 for j < R/2;  interleaved: p(j) = j xor 1, sign -1 at even j
+      C[j] = cos[j] (W = R) or one value per pair, cos[j mod R/2] / cos[j // 2] (W = R/2)
+    channels j >= R: y[j] = x[j]. The partner load hits the lines the first load brought in."""
     cols = tl.arange(0, BLOCK_D)
     half = R // 2
     odd = cols % 2
@@ -28,23 +24,34 @@ def rotary_fwd(X, COS, SIN, Y, N, S, D, R, cos_b, cos_s, per_pair, interleaved,
     partner = tl.where(interleaved != 0, cols + 1 - 2 * odd, tl.where(first, cols + half, cols - half))
     negate = tl.where(interleaved != 0, odd == 0, first)
     cidx = tl.where(per_pair != 0, tl.where(interleaved != 0, cols // 2, tl.where(first, cols, cols - half)), cols)
-    row_ok = (rows < S)[:, None]
-    mask = row_ok & (cols < D)[None, :]
-    rot = row_ok & (cols < R)[None, :]
-
-    n = tl.program_id(1)
-    if X_BSND:  # int64: B*N*S*D > 2^31
-        x_rows = X + ((b * S + rows.to(tl.int64)) * N + n)[:, None] * D
-    else:
-        x_rows = X + ((b * N + n) * S + rows.to(tl.int64))[:, None] * D
-    x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    xp = tl.load(x_rows + partner[None, :], mask=rot, other=0.0).to(tl.float32)
-    c_offs = (b * cos_b + rows.to(tl.int64) * cos_s)[:, None] + cidx[None, :]
+    mask = row_ok[:, None] & (cols < D)[None, :]
+    rot = row_ok[:, None] & (cols < R)[None, :] & (rotate != 0)
+    x = tl.load(x_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    xp = tl.load(x_rows[:, None] + partner[None, :], mask=rot, other=0.0).to(tl.float32)
+    c_offs = c_rows[:, None] + cidx[None, :]
     c = tl.load(COS + c_offs, mask=rot, other=1.0).to(tl.float32)  # pass-through: x * 1 + x_p * 0
     s = tl.load(SIN + c_offs, mask=rot, other=0.0).to(tl.float32)
-    y = x * c + tl.where(negate[None, :], -xp, xp) * s
+    return x * c + tl.where(negate[None, :], -xp, xp) * s, mask
+
+
+@triton.jit
+def rotary_fwd(X, COS, SIN, Y, N, S, D, R, cos_b, cos_s, per_pair, interleaved,
+               BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, X_BSND: tl.constexpr):
+    # program (s-block, head n, batch b) of Y [B, N, S, D] (contiguous), reading X [B, N, S, D] or, X_BSND
+    # (TransposeRotary), X [B, S, N, D], the head transpose done on the way; cos/sin row (b', s') at
+    # b * cos_b + s * cos_s (a stride 0 broadcasts); the maths in rope_rows.
+    pid_s = tl.program_id(0)
+    b = tl.program_id(2).to(tl.int64)
+    rows = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
+    n = tl.program_id(1)
+    if X_BSND:  # int64: B*N*S*D > 2^31
+        x_rows = X + ((b * S + rows.to(tl.int64)) * N + n) * D
+    else:
+        x_rows = X + ((b * N + n) * S + rows.to(tl.int64)) * D
+    y, mask = rope_rows(x_rows, COS, SIN, b * cos_b + rows.to(tl.int64) * cos_s, rows < S, D, R, per_pair,
+                        interleaved, 1, BLOCK_D)
     y_rows = Y + ((b * N + n) * S + rows.to(tl.int64))[:, None] * D
-    tl.store(y_rows + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(y_rows + tl.arange(0, BLOCK_D)[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
 
 def rotary(x, cos, sin, interleaved=0, rotary_dim=0, *, out=None, x_bsnd=False):

@@ -33,6 +33,17 @@ int ot_plan_row_blocks(const ot_op *op, const ot_spec *spec, const ot_desc *x, i
 int ot_grid_programs(int64_t rows, int64_t block_m, int64_t batch, int64_t heads, const char *rows_name,
                      const char *heads_name, int64_t *programs, char *err, size_t err_len);
 
+/* Rotary's cos/sin and attributes (rotary.c), for every op that applies it (Rotary, TransposeRotary,
+ * QKVRotaryCache): attrs[OT_ROTARY_INTERLEAVED], attrs[OT_ROTARY_DIM] in the op's contract order; out's batch,
+ * seq and d set by the caller from its input in_x (named, with its shape, in the messages). Checks the
+ * attributes and cos, sin against them; fills r, w and the cos strides. Fails (a message, 1). */
+enum { OT_ROTARY_INTERLEAVED, OT_ROTARY_DIM };
+typedef struct {
+  int64_t batch, heads, seq, d, r, w, cos_b, cos_s;
+} ot_rotary_shape;
+int ot_rotary_cos(const ot_op *op, const ot_desc *in, int in_x, int in_cos, int in_sin, const double *attrs,
+                  ot_rotary_shape *out, char *err, size_t err_len);
+
 /* storage holds OT_MAX_PARAMS 8-byte slots; parameter i gets slot i, and cuLaunchKernel reads from it as
  * many bytes as the kernel's signature says (8 for pointers, 4 for int32/float32). */
 void ot_put_param(uint64_t *slots, void **params, int i, const void *value, size_t size);

@@ -15,47 +15,29 @@
 #include "planner_util.h"
 
 enum { IN_X, IN_COS, IN_SIN, N_INPUTS };
-enum { ATTR_INTERLEAVED, ATTR_ROTARY_DIM, N_ATTRS };
+enum { N_ATTRS = 2 }; /* interleaved, rotary_dim: OT_ROTARY_* in planner_util.h */
 enum { KEY_HEAD_DIM, KEY_ALIGNED, N_KEYS };
 enum { CONST_BLOCK_S, CONST_BLOCK_D };
 
-/* The planned shapes the params step reads back (it gets the same inputs and attributes). */
-typedef struct {
-  int64_t batch, heads, seq, d, r, w, cos_b, cos_s;
-} rotary_shape;
-
 static int integral(double v, double lo, double hi) { return v >= lo && v <= hi && v == (double)(int64_t)v; }
 
-/* bsnd: X is [B, S, N, D] (TransposeRotary) */
-static int shape_of(const ot_op *op, const ot_desc *in, const double *attrs, int bsnd, rotary_shape *out, char *err,
-                    size_t err_len) {
-  const ot_desc *x = &in[IN_X], *cos = &in[IN_COS], *sin = &in[IN_SIN];
-  const char *xn = op->inputs[IN_X].name, *cn = op->inputs[IN_COS].name;
+int ot_rotary_cos(const ot_op *op, const ot_desc *in, int in_x, int in_cos, int in_sin, const double *attrs,
+                  ot_rotary_shape *out, char *err, size_t err_len) {
+  const ot_desc *x = &in[in_x], *cos = &in[in_cos], *sin = &in[in_sin];
+  const char *xn = op->inputs[in_x].name, *cn = op->inputs[in_cos].name;
   char a[160], b[160];
-  if (x->rank != 4) {
-    snprintf(err, err_len, "input %s has shape %s; it must have rank 4, %s", xn, ot_shape_text(x, a, sizeof a),
-             bsnd ? "[B, S, num_heads, head_dim]" : "[B, num_heads, S, head_dim]");
+  if (!integral(attrs[OT_ROTARY_INTERLEAVED], 0, 1)) {
+    snprintf(err, err_len, "attribute interleaved=%g must be 0 or 1", attrs[OT_ROTARY_INTERLEAVED]);
     return 1;
   }
-  for (size_t i = 0; i < 4; i++) {
-    if (x->dims[i] < 0) {
-      snprintf(err, err_len, "input %s has a negative dimension", xn);
-      return 1;
-    }
-  }
-  out->batch = x->dims[0], out->heads = x->dims[bsnd ? 2 : 1], out->seq = x->dims[bsnd ? 1 : 2], out->d = x->dims[3];
-  if (!integral(attrs[ATTR_INTERLEAVED], 0, 1)) {
-    snprintf(err, err_len, "attribute interleaved=%g must be 0 or 1", attrs[ATTR_INTERLEAVED]);
+  if (!integral(attrs[OT_ROTARY_DIM], 0, INT32_MAX)) {
+    snprintf(err, err_len, "attribute rotary_dim=%g must be an integer >= 0", attrs[OT_ROTARY_DIM]);
     return 1;
   }
-  if (!integral(attrs[ATTR_ROTARY_DIM], 0, INT32_MAX)) {
-    snprintf(err, err_len, "attribute rotary_dim=%g must be an integer >= 0", attrs[ATTR_ROTARY_DIM]);
-    return 1;
-  }
-  out->r = (int64_t)attrs[ATTR_ROTARY_DIM] ? (int64_t)attrs[ATTR_ROTARY_DIM] : out->d;
+  out->r = (int64_t)attrs[OT_ROTARY_DIM] ? (int64_t)attrs[OT_ROTARY_DIM] : out->d;
   if (out->r % 2 || out->r < 2 || out->r > out->d) {
-    snprintf(err, err_len, "rotary_dim %lld must be even and in 2..head_dim (%lld, dim 3 of input %s)",
-             (long long)out->r, (long long)out->d, xn);
+    snprintf(err, err_len, "rotary_dim %lld must be even and in 2..head_dim (%lld, from input %s)", (long long)out->r,
+             (long long)out->d, xn);
     return 1;
   }
   /* cos [B', S', W] or [B', 1, S', W]: read as rank 3 */
@@ -67,7 +49,7 @@ static int shape_of(const ot_op *op, const ot_desc *in, const double *attrs, int
   }
   if (sin->rank != cos->rank || memcmp(sin->dims, cos->dims, cos->rank * sizeof cos->dims[0]) != 0) {
     snprintf(err, err_len, "input %s has shape %s but input %s has shape %s; they must be equal",
-             op->inputs[IN_SIN].name, ot_shape_text(sin, a, sizeof a), cn, ot_shape_text(cos, b, sizeof b));
+             op->inputs[in_sin].name, ot_shape_text(sin, a, sizeof a), cn, ot_shape_text(cos, b, sizeof b));
     return 1;
   }
   const int64_t cb = cos->dims[0], cs = cos->dims[rank4 ? 2 : 1];
@@ -87,6 +69,27 @@ static int shape_of(const ot_op *op, const ot_desc *in, const double *attrs, int
   return 0;
 }
 
+/* bsnd: X is [B, S, N, D] (TransposeRotary) */
+static int shape_of(const ot_op *op, const ot_desc *in, const double *attrs, int bsnd, ot_rotary_shape *out,
+                    char *err, size_t err_len) {
+  const ot_desc *x = &in[IN_X];
+  const char *xn = op->inputs[IN_X].name;
+  char a[160];
+  if (x->rank != 4) {
+    snprintf(err, err_len, "input %s has shape %s; it must have rank 4, %s", xn, ot_shape_text(x, a, sizeof a),
+             bsnd ? "[B, S, num_heads, head_dim]" : "[B, num_heads, S, head_dim]");
+    return 1;
+  }
+  for (size_t i = 0; i < 4; i++) {
+    if (x->dims[i] < 0) {
+      snprintf(err, err_len, "input %s has a negative dimension", xn);
+      return 1;
+    }
+  }
+  out->batch = x->dims[0], out->heads = x->dims[bsnd ? 2 : 1], out->seq = x->dims[bsnd ? 1 : 2], out->d = x->dims[3];
+  return ot_rotary_cos(op, in, IN_X, IN_COS, IN_SIN, attrs, out, err, err_len);
+}
+
 static int plan_rotary(const ot_op *op, const ot_desc *in, int n_inputs, int n_outputs, const double *attrs,
                        int bsnd, ot_plan *plan, char *err, size_t err_len) {
   if (n_inputs != N_INPUTS || n_outputs != 1 || op->n_attrs != N_ATTRS) {
@@ -95,7 +98,7 @@ static int plan_rotary(const ot_op *op, const ot_desc *in, int n_inputs, int n_o
              n_inputs, n_outputs, op->n_attrs);
     return 1;
   }
-  rotary_shape sh;
+  ot_rotary_shape sh;
   if (shape_of(op, in, attrs, bsnd, &sh, err, err_len)) return 1;
   const int64_t keys[N_KEYS] = {sh.d, sh.d % 16 == 0 && sh.w % 16 == 0};
   const ot_spec *spec = ot_find_spec(op, keys, N_KEYS, plan->arch);
@@ -128,11 +131,11 @@ static int plan_rotary(const ot_op *op, const ot_desc *in, int n_inputs, int n_o
 
 static int params_rotary(const ot_op *op, const ot_desc *in, void *const *ptrs, const double *attrs, int bsnd,
                          void *storage, void **params) {
-  rotary_shape sh;
+  ot_rotary_shape sh;
   char err[8];
   if (shape_of(op, in, attrs, bsnd, &sh, err, sizeof err)) return -1; /* the plan has checked them */
   const int32_t v[8] = {(int32_t)sh.heads, (int32_t)sh.seq, (int32_t)sh.d, (int32_t)sh.r, (int32_t)sh.cos_b,
-                        (int32_t)sh.cos_s, sh.w != sh.r, (int32_t)attrs[ATTR_INTERLEAVED]};
+                        (int32_t)sh.cos_s, sh.w != sh.r, (int32_t)attrs[OT_ROTARY_INTERLEAVED]};
   uint64_t *slot = storage;
   int n = 0;
   for (int i = 0; i < 4; i++) ot_put_param(slot, params, n++, &ptrs[i], sizeof ptrs[i]); /* X, cos, sin, Y */

@@ -159,10 +159,12 @@ _CONFIGS = {
     ("prefill", "float", 64): (32, 32, 4, 2),
     ("prefill", "float", 128): (16, 32, 8, 2),
 }
-# Decode specs split the cache until about this many programs run (2 waves of the H200's 132 SMs; a
-# split costs a workspace round trip of BLOCK_M * (BLOCK_D + 2) floats per chunk, small beside a chunk's
-# keys), never into chunks under SPLIT_MIN_KEYS. 0: one pass (the prefill specs: enough row tiles).
-SPLIT_TARGET = 256
+# Decode specs split the cache until about this many programs run (about one wave of the H200's 132 SMs),
+# never into chunks under SPLIT_MIN_KEYS. 0: one pass (the prefill specs: enough row tiles). 128, not the first
+# choice 256 (two waves), from the H200 sweep at Llama-1B's heads (scripts/decode_attention_sweep.py, session
+# 14): 1x4096 15.9 us against 18.8 (chunks of 384 keys, not 256), 16x1024 16.1 against 16.8 (128 programs:
+# one pass, the merge launch saved), 1x1024 the same 10.3.
+SPLIT_TARGET = 128
 SPLIT_MIN_KEYS = 256
 
 

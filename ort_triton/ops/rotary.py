@@ -149,6 +149,18 @@ def _body(_opset: int, x: str = "X") -> list[onnx.NodeProto]:
     ]
 
 
+
+def rotary_body(opset: int, x: str, y: str, prefix: str) -> list[onnx.NodeProto]:
+    """Rotary's body reading `x` and writing `y`, its other values renamed with `prefix`: for a body that
+    rotates more than one tensor (QKVRotaryCache's q and k) with the function's cos, sin and attributes."""
+    nodes = _body(opset, x)
+    made = {o for node in nodes for o in node.output}
+    name = lambda v: y if v == "Y" else prefix + v if v in made else v
+    for node in nodes:
+        node.input[:] = [name(v) for v in node.input]
+        node.output[:] = [name(v) for v in node.output]
+    return nodes
+
 ROTARY = OpContract(
     name="Rotary",
     doc="Rotary position embedding on X [B, N, S, D] with cos, sin [B'(, 1), S', W], W = R or R/2; "

@@ -243,14 +243,17 @@ def test_decoder_export(tmp_path_factory, name, exporter, opset):
     path = _export(tmp_path_factory, name, exporter, opset)
     model = decoders.build(name)
     layers = decoders.cache_spec(model)[0]
-    out, rep = graph_rewrites.optimize(path, report=True)  # every rule: q and k still reach ours
+    # every rule but the one that takes the rotaries into the cache op: q and k still reach ours
+    out, rep = graph_rewrites.optimize(path, report=True, disable=["qkv_rotary_cache"])
     ops = graph_rewrites.op_counts(out)
-    assert ops["ai.ort_triton.Rotary"] == 2 * layers and "RotaryEmbedding" not in ops, ops
+    # transpose_rotary (the last stage) takes each Rotary with its head Transpose
+    assert ops["ai.ort_triton.TransposeRotary"] == 2 * layers and "RotaryEmbedding" not in ops, ops
+    assert "ai.ort_triton.Rotary" not in ops, ops
     first = "rotary_onnx" if opset == 23 else "rotary"
     assert rep.rules[first].matched == 2 * layers and not rep.rules[first].refused, rep.rules[first]
     if name == "phi-tiny":  # partial: 16 of 32 channels, folded into the op
         assert rep.rules["rotary_partial"].matched == 2 * layers
-        assert all(a.i == 16 for n in out.graph.node if n.op_type == "Rotary" for a in n.attribute
+        assert all(a.i == 16 for n in out.graph.node if n.op_type == "TransposeRotary" for a in n.attribute
                    if a.name == "rotary_dim")
     mine = graph_rewrites.optimize(path, only=MINE)  # the equality of these rules alone
     feeds = decoders.sample_inputs(model, batch=2, seq=5, past=3, left_pad=1)
@@ -260,15 +263,15 @@ def test_decoder_export(tmp_path_factory, name, exporter, opset):
 
 @pytest.mark.parametrize("name, exporter, opset", EXPORTS, ids=lambda v: str(v))
 def test_decoder_export_transpose_rotary(tmp_path_factory, name, exporter, opset):
-    """transpose_rotary (off by default, `enable`): q's and k's head Transposes go into the op, every layer;
-    the outputs are the original's."""
+    """transpose_rotary: q's and k's head Transposes go into the op, every layer; the outputs are the
+    original's."""
     from ort_triton import decoders
 
     path = _export(tmp_path_factory, name, exporter, opset)
     model = decoders.build(name)
     layers = decoders.cache_spec(model)[0]
-    base = graph_rewrites.op_counts(graph_rewrites.optimize(path))
-    out, rep = graph_rewrites.optimize(path, report=True, enable=["transpose_rotary"])
+    base = graph_rewrites.op_counts(graph_rewrites.optimize(path, disable=["transpose_rotary", "qkv_rotary_cache"]))
+    out, rep = graph_rewrites.optimize(path, report=True, disable=["qkv_rotary_cache"])
     ops = graph_rewrites.op_counts(out)
     st = rep.rules["transpose_rotary"]
     assert st.matched == 2 * layers and not st.refused, st
@@ -279,14 +282,13 @@ def test_decoder_export_transpose_rotary(tmp_path_factory, name, exporter, opset
         assert np.abs(a - b).max() / np.abs(a).max() < 1e-5
 
 
-def test_transpose_rotary_is_off_by_default_and_refuses_another_perm():
-    """Off unless enabled; a Transpose other than the head transpose stays (x given as [B, N, D, S] here)."""
+def test_transpose_rotary_refuses_another_perm():
+    """A Transpose other than the head transpose stays (x given as [B, N, D, S] here)."""
     nodes, inits = _rotate_half("xt", "y", "cos", "sin")
     for perm, want in (([0, 2, 1, 3], 1), ([0, 1, 3, 2], 0)):
         t = helper.make_node("Transpose", ["x"], ["xt"], perm=perm)
         m = _model([t, *nodes], inits, x_shape=("B", "S", N, D) if want else ("B", N, D, "S"))
-        assert "transpose_rotary" not in graph_rewrites.optimize(m, only=None, report=True)[1].rules
-        out, rep = graph_rewrites.optimize(m, report=True, enable=["transpose_rotary"])
+        out, rep = graph_rewrites.optimize(m, report=True)
         ops = graph_rewrites.op_counts(out)
         assert ops.get("ai.ort_triton.TransposeRotary", 0) == want, (ops, rep.rules["transpose_rotary"])
         if not want:

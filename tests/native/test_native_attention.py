@@ -12,8 +12,8 @@ import pytest
 
 from ort_triton.contract import ANY
 from ort_triton.ops.attention import HEAD_DIMS, block_config
+from tests.native_hooks import BFLOAT16, FLOAT, FLOAT16, load
 
-FLOAT, FLOAT16, BFLOAT16 = 1, 10, 16
 TYPE_NAMES = {FLOAT: "float", FLOAT16: "float16", BFLOAT16: "bfloat16"}
 OP = "MultiHeadAttention"
 
@@ -21,20 +21,6 @@ OP = "MultiHeadAttention"
 @pytest.fixture
 def lib(native_library):
     return load(native_library)
-
-
-def load(native_library):
-    """The library with the planner hooks' argument types declared."""
-    lib = ctypes.CDLL(str(native_library))
-    lib.ort_triton_plan_attrs.argtypes = [
-        ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
-        ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int64), ctypes.c_int, ctypes.c_int,
-        ctypes.POINTER(ctypes.c_double), ctypes.c_char_p, ctypes.c_size_t,
-    ]
-    lib.ort_triton_plan.argtypes = lib.ort_triton_plan_attrs.argtypes[:8] + [ctypes.c_char_p, ctypes.c_size_t]
-    lib.ort_triton_spec_info.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
-    lib.ort_triton_op_name.restype = ctypes.c_char_p
-    return lib
 
 
 def plan(lib, inputs, num_heads=None, scale=0.125, elem_type=FLOAT16, arch=90):

@@ -8,8 +8,8 @@ import pytest
 
 from ort_triton.ops.attention import HEAD_DIMS
 from ort_triton.ops.causal_attention import DECODE_ROWS, SPLIT_MIN_KEYS, block_config, split_keys, workspace_floats
+from tests.native_hooks import BFLOAT16, FLOAT, FLOAT16, load, plan_attrs
 
-FLOAT, FLOAT16, BFLOAT16 = 1, 10, 16
 PREFILL_M = block_config(64, "float16", DECODE_ROWS + 1)["BLOCK_M"]  # the fp16 prefill tile at head dim 64
 TYPE_NAMES = {FLOAT: "float", FLOAT16: "float16", BFLOAT16: "bfloat16"}
 OP = "CausalAttention"
@@ -17,15 +17,7 @@ OP = "CausalAttention"
 
 @pytest.fixture
 def lib(native_library):
-    lib = ctypes.CDLL(str(native_library))
-    lib.ort_triton_plan_attrs.argtypes = [
-        ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
-        ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int64), ctypes.c_int, ctypes.c_int,
-        ctypes.POINTER(ctypes.c_double), ctypes.c_char_p, ctypes.c_size_t,
-    ]
-    lib.ort_triton_spec_info.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
-    lib.ort_triton_op_name.restype = ctypes.c_char_p
-    return lib
+    return load(native_library)
 
 
 def shapes(b, nq, nkv, s, t, d):
@@ -33,13 +25,7 @@ def shapes(b, nq, nkv, s, t, d):
 
 
 def plan(lib, inputs, masked_rows=0, elem_type=FLOAT16, arch=90):
-    n = len(inputs)
-    msg = ctypes.create_string_buffer(1024)
-    rc = lib.ort_triton_plan_attrs(OP.encode(), elem_type, arch, n, (ctypes.c_int * n)(*[1] * n),
-                                   (ctypes.c_int * n)(*map(len, inputs)),
-                                   (ctypes.c_int64 * sum(map(len, inputs)))(*[d for s in inputs for d in s]), 1, 2,
-                                   (ctypes.c_double * 2)(0.125, masked_rows), msg, len(msg))
-    return rc, msg.value.decode()
+    return plan_attrs(lib, OP, inputs, 1, (0.125, masked_rows), elem_type, arch)
 
 
 def parse(msg):
@@ -93,11 +79,11 @@ def test_plan_packs_the_group_into_rows(lib, elem_type, nq, nkv, s, t, d):
 
 
 @pytest.mark.parametrize("b, nkv, t, chunks", [
-    (1, 8, 4097, 17),    # Llama-1B, batch 1: 8 programs stream 4097 keys -> 17 chunks of 256
+    (1, 8, 4097, 11),    # Llama-1B, batch 1: 8 programs x 16 chunks reach the target of 128: 257 -> 384 keys
     (1, 8, 1025, 5),     # 5 chunks of 256 (no chunk under SPLIT_MIN_KEYS)
-    (16, 8, 4097, 2),    # 128 programs: 2 chunks reach the target
+    (4, 8, 4097, 4),     # 32 programs: 4 chunks reach the target; 1025 keys a chunk rounded up to 1152
     (1, 8, 256, 1),      # a cache of one chunk: one pass
-    (32, 8, 4097, 1),    # 256 programs already: one pass
+    (16, 8, 4097, 1),    # 128 programs already: one pass
 ])
 def test_decode_splits_the_cache_until_the_target(lib, b, nkv, t, chunks):
     """A decode step with few programs splits T into chunks of a multiple of BLOCK_N keys (the contract's

@@ -4,7 +4,6 @@ channel or per pair, rank 3 or 4, broadcast over batch and sequence), the refere
 ONNX's own definitions, the function body against the reference at every opset, and the native planner
 through the library's test hook."""
 
-import ctypes
 import os
 import re
 
@@ -18,6 +17,7 @@ from onnx import TensorProto, helper
 from ort_triton.contract import DOMAIN
 from ort_triton.kernels.rotary import rotary
 from ort_triton.ops.rotary import BLOCK_DS, ROTARY, TRANSPOSE_ROTARY, block_s, reference_rotary
+from tests.native_hooks import load, plan_attrs
 
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
 TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}
@@ -155,28 +155,13 @@ def test_body_sin_is_reshaped_by_its_own_shape():
 
 # ---- the native planner (ort_triton/native/rotary.c), no GPU needed --------------------------------------------
 
-FLOAT16 = 10
-
-
 @pytest.fixture
 def lib(native_library):
-    lib = ctypes.CDLL(str(native_library))
-    lib.ort_triton_plan_attrs.argtypes = [
-        ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
-        ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int64), ctypes.c_int, ctypes.c_int,
-        ctypes.POINTER(ctypes.c_double), ctypes.c_char_p, ctypes.c_size_t,
-    ]
-    return lib
+    return load(native_library)
 
 
 def plan(lib, shapes, interleaved=0, rotary_dim=0, op=b"Rotary"):
-    n = len(shapes)
-    msg = ctypes.create_string_buffer(1024)
-    rc = lib.ort_triton_plan_attrs(op, FLOAT16, 90, n, (ctypes.c_int * n)(*[1] * n),
-                                   (ctypes.c_int * n)(*map(len, shapes)),
-                                   (ctypes.c_int64 * sum(map(len, shapes)))(*[d for s in shapes for d in s]), 1,
-                                   2, (ctypes.c_double * 2)(interleaved, rotary_dim), msg, len(msg))
-    return rc, msg.value.decode()
+    return plan_attrs(lib, op.decode(), shapes, 1, (interleaved, rotary_dim))
 
 
 @pytest.mark.parametrize("x, cos, r, aligned", [
@@ -268,10 +253,10 @@ def kernel_stacks(op_name, arch, tmp_path):
 
 @pytest.mark.parametrize("arch", [80, 90])
 @pytest.mark.parametrize("op_name, n_specs", [("Rotary", 2 * len(BLOCK_DS)), ("TransposeRotary", 2 * len(BLOCK_DS)),
-                                              ("SiluMul", 2)])
+                                              ("QKVRotaryCache", 2 * len(BLOCK_DS)), ("SiluMul", 2)])
 def test_no_spills(op_name, n_specs, arch, tmp_path):
-    """Every spec of Rotary, TransposeRotary and SiluMul (tests/ops/test_swiglu_kernel.py defers to this one),
-    all types."""
+    """Every spec of Rotary, TransposeRotary, QKVRotaryCache and SiluMul (tests/ops/test_swiglu_kernel.py and
+    test_qkv_rotary_cache_kernel.py defer to this one), all types."""
     rows = kernel_stacks(op_name, arch, tmp_path)
     assert len(rows) == 3 * n_specs
     assert all(r["stack"] == 0 for r in rows), [r for r in rows if r["stack"]]

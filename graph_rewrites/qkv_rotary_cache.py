@@ -1,0 +1,291 @@
+"""A decoder layer's Split of its packed Q/K/V, head Reshapes, rotaries and cache Concats -> QKVRotaryCache
+(contract: ort_triton/ops/qkv_rotary_cache.py).
+
+After pack_projections (stage 9) and transpose_rotary (10), each layer of a decoder with a KV cache reads
+
+    q, k, v = Split(QKV [B, S, (Nq + 2 Nkv) D], [Nq D, Nkv D, Nkv D], axis=-1)
+    Q             = TransposeRotary(Reshape(q) [B, S, Nq, D], cos, sin)            read by the attention
+    present_key   = Concat(past_key, TransposeRotary(Reshape(k) [B, S, Nkv, D], cos, sin), axis=2)
+    present_value = Concat(past_value, Transpose(Reshape(v) [B, S, Nkv, D], perm=[0, 2, 1, 3]), axis=2)
+
+and those nine nodes become QKVRotaryCache(QKV, cos, sin, past_key, past_value) -> (Q, present_key,
+present_value), the outputs keeping their names (present_* are graph outputs). Q may have any readers; every
+value in between must have none but the next node of the chain.
+
+Not a pattern rule: the three outputs are three pattern roots, and onnxscript's matcher finds the second and
+third by trying every pair of Concats in the graph for every node it starts from (N x C^2 match attempts).
+On a 16-layer tiny Llama's torchscript export (826 nodes, 82 Concats) that pattern took 7.3 s a pass, run
+twice with the tracer, growing with the cube of the depth; this walk, from each Split along its outputs'
+readers, takes 7 ms. The matcher would also insert the replacement after the first root (its own TODO for
+multi-root patterns), and a Split whose outputs come in another order (k, q, v) would be a structural miss
+with no reason shown; here it is a refusal that says so.
+
+What is proved: QKV's last axis split in the order q | k | v, the sizes [Nq D, Nkv D, Nkv D] with Nkv and D
+past_key's static dims 1 and 3 (the op reads them there at run time) and Nq what the q Reshape makes; each
+Reshape keeps B and S and ends in [N, D] (torchscript's computes N as -1: its dim is then what the Split's
+constant width over D leaves); q and k rotated with one cos and sin (the same values, or the same ops over
+them: the opset-23 export computes Cos and Sin again for each RotaryEmbedding) and the same attributes; V
+transposed to heads first; each Concat (past, new) along the sequence; one element type throughout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx_ir as ir
+from onnxscript.rewriter._context import TapeBuilder
+from onnxscript.rewriter._rewrite_rule import RULE_NAME_TAG
+
+from ort_triton.contract import DOMAIN
+from ort_triton.ops.qkv_rotary_cache import QKV_ROTARY_CACHE
+
+NAME = "qkv_rotary_cache"
+_TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
+# ops whose two nodes over the same inputs may differ: never proof that two cos values are equal
+_RANDOM = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli",
+           "Dropout"}
+_SAME_DEPTH = 8  # how far back _same follows two computations (Cos(Mul(Cast(...))) is 4)
+
+
+def _std(node: ir.Node | None, op_type: str) -> bool:
+    return node is not None and node.op_type == op_type and node.domain in ("", "ai.onnx")
+
+
+def _ours(node: ir.Node | None, op_type: str) -> bool:
+    return node is not None and node.op_type == op_type and node.domain == DOMAIN
+
+
+def _reader(value: ir.Value, wanted, index: int | None = 0) -> ir.Node | None:
+    """value's first reader for which wanted(node) holds, reading it as input `index` (None: any); an extra
+    reader is refused later, by name."""
+    return next((u.node for u in value.uses() if wanted(u.node) and index in (None, u.idx)), None)
+
+
+def _desc(node: ir.Node) -> str:
+    return f"{node.op_type} {node.name or '<without a name>'}"
+
+
+@dataclasses.dataclass
+class _Path:
+    """What one Split output flows through: Reshape to heads, TransposeRotary or the head Transpose, and the
+    cache Concat reading that (None: Q's path)."""
+
+    part: ir.Value
+    reshape: ir.Node
+    head: ir.Node
+    concat: ir.Node | None
+
+    @property
+    def role(self) -> str:
+        return "v" if self.head.op_type == "Transpose" else "k" if self.concat is not None else "q"
+
+
+def _path(part: ir.Value) -> _Path | None:
+    reshape = _reader(part, lambda n: _std(n, "Reshape"))
+    if reshape is None:
+        return None
+    head = _reader(reshape.outputs[0], lambda n: _std(n, "Transpose") or _ours(n, "TransposeRotary"))
+    if head is None:
+        return None
+    # the Concat's order (past, new) is checked later, with a reason
+    return _Path(part, reshape, head, _reader(head.outputs[0], lambda n: _std(n, "Concat"), index=None))
+
+
+def _layer(split: ir.Node) -> dict[str, _Path] | None:
+    """The q, k and v paths of a Split with that structure in any order (the order is checked, with a reason);
+    None for any other Split (not counted as tried: a no-cache export, a Split of something else)."""
+    if not _std(split, "Split") or len(split.outputs) != 3:
+        return None
+    paths = [_path(v) for v in split.outputs]
+    if any(p is None for p in paths):
+        return None
+    roles = {p.role: p for p in paths}
+    if set(roles) != {"q", "k", "v"} or roles["v"].concat is None:
+        return None
+    return roles
+
+
+def _same_dim(a, b) -> bool:
+    """Provably equal dims: equal ints, or one named symbol (an unnamed one equals nothing)."""
+    if isinstance(a, int) or isinstance(b, int):
+        return a == b
+    return a.value is not None and a.value == b.value
+
+
+def _same_attrs(a: ir.Node, b: ir.Node) -> bool:
+    if set(a.attributes) != set(b.attributes):
+        return False
+    for name, x in a.attributes.items():
+        y = b.attributes[name]
+        if x.type != y.type or x.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS):
+            return False
+        if x.type == ir.AttributeType.TENSOR:
+            if x.value.dtype != y.value.dtype or not np.array_equal(x.value.numpy(), y.value.numpy()):
+                return False
+        elif x.value != y.value:
+            return False
+    return True
+
+
+def _same(a: ir.Value | None, b: ir.Value | None, depth: int = _SAME_DEPTH) -> bool:
+    """a and b provably hold the same values: one value, equal constants, or outputs of two nodes of one
+    deterministic standard op with equal attributes over inputs that are the same in turn."""
+    if a is b:
+        return True
+    if a is None or b is None or depth == 0:
+        return False
+    ca, cb = a.const_value, b.const_value
+    if ca is not None and cb is not None and not (a.is_graph_input() or b.is_graph_input()):  # not overridable
+        return ca.dtype == cb.dtype and np.array_equal(ca.numpy(), cb.numpy())
+    pa, pb = a.producer(), b.producer()
+    if pa is None or pb is None or a.index() != b.index() or pa.op_type != pb.op_type or pa.op_type in _RANDOM:
+        return False
+    if pa.domain not in ("", "ai.onnx") or pb.domain not in ("", "ai.onnx") or len(pa.inputs) != len(pb.inputs):
+        return False
+    return _same_attrs(pa, pb) and all(_same(x, y, depth - 1) for x, y in zip(pa.inputs, pb.inputs))
+
+
+def _heads(path: _Path, width: int, d: int) -> int | str:
+    """The heads N of path's Reshape [B, S, width] -> [B, S, N, D], or why it is not provably that."""
+    node, x, y = path.reshape, path.reshape.inputs[0], path.reshape.outputs[0]
+    if x.shape is None or y.shape is None or x.shape.rank() != 3 or y.shape.rank() != 4:
+        return f"{_desc(node)} maps {x.shape} to {y.shape}, not [B, S, N*D] to [B, S, N, D]"
+    if not (_same_dim(x.shape[0], y.shape[0]) and _same_dim(x.shape[1], y.shape[1])):
+        return f"{_desc(node)} maps {x.shape} to {y.shape}: B and S not provably kept"
+    if y.shape[3] != d or width % d:
+        return f"{_desc(node)} gives heads of {y.shape[3]} (its input {width} wide), past_key's D is {d}"
+    # B, S and D kept: the element count leaves the input's width over D for N (torchscript writes it as -1)
+    n = y.shape[2] if isinstance(y.shape[2], int) else width // d
+    if n * d != width:
+        return f"{_desc(node)} makes {n} heads of {d} from {width}"
+    return n
+
+
+def _check(split: ir.Node, paths: dict[str, _Path]) -> str | dict:
+    """Why this layer stays as it is, or what the op needs: its inputs and rotary attributes."""
+    q, k, v = paths["q"], paths["k"], paths["v"]
+    # -- the Split: QKV's last axis, constant sizes, q | k | v
+    qkv = split.inputs[0]
+    # pack_projections' packed MatMul has no inferred shape or type: a Split keeps both, its outputs have them
+    rank = qkv.shape.rank() if qkv.shape is not None else q.part.shape.rank() if q.part.shape is not None else None
+    if rank != 3:
+        return f"{_desc(split)} splits {qkv.name} of rank {rank}, not QKV [B, S, W]"
+    axis = split.attributes.get_int("axis", 0)
+    if axis not in (-1, 2):
+        return f"{_desc(split)} splits axis {axis}, not the last of QKV [B, S, W]"
+    given = split.inputs[1] if len(split.inputs) > 1 else None
+    sizes = ir.convenience.get_const_tensor(given) if given is not None and not given.is_graph_input() else None
+    if sizes is None or sizes.numpy().shape != (3,):
+        return f"the sizes of {_desc(split)} are not a constant of 3"
+    sizes = [int(s) for s in sizes.numpy()]
+    order = [{id(p.part): r for r, p in paths.items()}[id(o)] for o in split.outputs]
+    if order != ["q", "k", "v"]:
+        return (f"{_desc(split)} gives {', '.join(order)} in that order (by what reads them); the op reads QKV "
+                "packed q | k | v")
+    # -- the intermediate values go with the nodes: nothing else may read them
+    inner = [(p.part, f"{r}'s part of the Split") for r, p in paths.items()]
+    inner += [(p.reshape.outputs[0], f"{r} in heads") for r, p in paths.items()]
+    inner += [(k.head.outputs[0], "the rotated k"), (v.head.outputs[0], "the transposed v")]
+    for value, what in inner:
+        if value.is_graph_output():
+            return f"{value.name} ({what}) is a graph output"
+        readers = [u.node for u in value.uses()]
+        if len(readers) != 1:
+            others = ", ".join(_desc(n) for n in readers[1:])
+            return f"{value.name} ({what}) is also read by {others}"
+    # -- the cache Concats: (past, new) along the sequence of [B, Nkv, P, D]
+    for p, name in ((k, "key"), (v, "value")):
+        cat, new = p.concat, p.head.outputs[0]
+        if len(cat.inputs) != 2:
+            return f"{_desc(cat)} joins {len(cat.inputs)} values, not (past_{name}, new)"
+        if cat.inputs[1] is not new:
+            return f"{_desc(cat)} has the inputs (new, past), not (past_{name}, new): the op appends to the past"
+    past_key, past_value = k.concat.inputs[0], v.concat.inputs[0]
+    pk, pv = past_key.shape, past_value.shape
+    if pk is None or pk.rank() != 4 or not isinstance(pk[1], int) or not isinstance(pk[3], int):
+        return f"past_key {past_key.name} has shape {pk}: not [B, Nkv, P, D] with static Nkv and D"
+    nkv, d = pk[1], pk[3]
+    if pv is None or pv.rank() != 4 or pv[1] != nkv or pv[3] != d:
+        return f"past_value {past_value.name} has shape {pv}, past_key {past_key.name} {pk}"
+    for cat in (k.concat, v.concat):
+        if cat.attributes.get_int("axis", 0) not in (2, -2):
+            return f"{_desc(cat)} is along axis {cat.attributes.get_int('axis', 0)}, not the sequence (2)"
+    # -- the head Reshapes and the sizes: [Nq D, Nkv D, Nkv D]
+    heads = {}
+    for (r, p), width in zip(paths.items(), sizes):
+        n = _heads(p, width, d)
+        if isinstance(n, str):
+            return n
+        heads[r] = n
+    want = [heads["q"] * d, nkv * d, nkv * d]
+    if sizes != want or heads["k"] != nkv or heads["v"] != nkv:
+        return (f"the sizes of {_desc(split)} are {sizes}, not [Nq D, Nkv D, Nkv D] = {want} (Nq {heads['q']} from "
+                f"{_desc(q.reshape)}, Nkv {nkv} and D {d} from past_key {past_key.name}; k and v reshaped to "
+                f"{heads['k']} and {heads['v']} heads)")
+    # -- q and k rotated alike; v transposed to heads first
+    for i, what in ((1, "cos"), (2, "sin")):
+        if not _same(q.head.inputs[i], k.head.inputs[i]):
+            return (f"{_desc(q.head)} and {_desc(k.head)} rotate with different {what} "
+                    f"({q.head.inputs[i].name}, {k.head.inputs[i].name})")
+    attrs = [{a: h.attributes.get_int(a, 0) for a in ("interleaved", "rotary_dim")} for h in (q.head, k.head)]
+    if attrs[0] != attrs[1]:
+        return f"{_desc(q.head)} has {attrs[0]}, {_desc(k.head)} {attrs[1]}"
+    perm = list(v.head.attributes.get_ints("perm", []))
+    if perm != [0, 2, 1, 3]:
+        return f"{_desc(v.head)} has perm {perm}, not [0, 2, 1, 3] (the head transpose)"
+    cos, sin = q.head.inputs[1], q.head.inputs[2]
+    types = {x.name: x.dtype for x in (q.part, cos, sin, past_key, past_value)}  # q.part: QKV's type
+    if len(set(types.values())) != 1 or q.part.dtype not in _TYPES:
+        return f"the element types differ or are not float, float16, bfloat16: {types}"
+    return dict(inputs=(qkv, cos, sin, past_key, past_value), attrs=attrs[0])
+
+
+def _drop_dead(graph: ir.Graph, values: list[ir.Value]) -> None:
+    """Remove the producers of values that nothing reads any more, and theirs in turn: the Reshapes' shape
+    computations and k's own Cos and Sin (opset 23) that only the fused nodes read."""
+    todo = [v for v in values if v is not None]
+    while todo:
+        node = todo.pop().producer()
+        if node is None or node.graph is not graph:
+            continue
+        if any(o.uses() or o.is_graph_output() for o in node.outputs):
+            continue
+        todo.extend(v for v in node.inputs if v is not None)
+        graph.remove(node, safe=True)
+
+
+def _rewrite(graph: ir.Graph, split: ir.Node, paths: dict[str, _Path], plan: dict) -> None:
+    q, k, v = paths["q"], paths["k"], paths["v"]
+    op = TapeBuilder()
+    new = QKV_ROTARY_CACHE.node(op, *plan["inputs"], outputs=[True, True, True], **plan["attrs"])
+    old = (q.head.outputs[0], k.concat.outputs[0], v.concat.outputs[0])
+    (fused,) = op.nodes
+    fused.name = f"{old[1].name}__ot_{NAME}"  # present_key's name: unique
+    fused.metadata_props[RULE_NAME_TAG] = NAME
+    dead = [split, *(n for p in (q, k, v) for n in (p.reshape, p.head)), k.concat, v.concat]
+    inputs = [x for n in dead for x in n.inputs]
+    # new outputs take the old ones' names (graph outputs keep theirs), types and shapes; old nodes go
+    ir.convenience.replace_nodes_and_values(graph, v.concat, dead, [fused], list(old), list(new))
+    _drop_dead(graph, inputs)
+
+
+def qkv_rotary_cache(model: ir.Model) -> tuple[int, int, list[tuple[str, str]]]:
+    """Fuse every such layer of the main graph. Returns (Splits with the structure, fused, (Split, reason) for
+    each left alone)."""
+    graph = model.graph
+    tried, fused, refused = 0, 0, []
+    for split in [n for n in graph if _std(n, "Split")]:
+        paths = _layer(split)
+        if paths is None:
+            continue
+        tried += 1
+        plan = _check(split, paths)
+        if isinstance(plan, str):
+            refused.append((split.name or "Split", plan))
+            continue
+        _rewrite(graph, split, paths, plan)
+        fused += 1
+    if fused:
+        graph.sort()  # the op sits where V's Concat was; its inputs (cos, past) may come later in the list
+    return tried, fused, refused

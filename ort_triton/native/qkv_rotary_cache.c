@@ -1,0 +1,127 @@
+/* qkv_rotary_cache.c: planner and kernel parameters for QKVRotaryCache (contract:
+ * ort_triton/ops/qkv_rotary_cache.py; kernel: ort_triton/kernels/qkv_rotary_cache.py).
+ *
+ * Inputs:  QKV [B, S, (Nq + 2 Nkv) D]; cos, sin as Rotary's; past_key, past_value [B, Nkv, P, D].
+ * Outputs: Q [B, Nq, S, D]; present_key, present_value [B, Nkv, P + S, D].
+ * Attributes (contract order): interleaved, rotary_dim (Rotary's, checked by ot_rotary_cos).
+ * Dispatch keys: (D, both D and W multiples of 16), Rotary's; consts = (BLOCK_S, BLOCK_D, BLOCK_C).
+ * Grid: one flat axis, n_new = ceil(S / BLOCK_S) * (Nq + 2 Nkv) * B programs for the new rows, then
+ * 2 * B * Nkv * ceil(P * D / BLOCK_C) for the copy of the past. */
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ot_table.h"
+#include "planner_util.h"
+
+enum { IN_QKV, IN_COS, IN_SIN, IN_PAST_KEY, IN_PAST_VALUE, N_INPUTS };
+enum { OUT_Q, OUT_PRESENT_KEY, OUT_PRESENT_VALUE, N_OUTPUTS };
+enum { N_ATTRS = 2 };
+enum { KEY_HEAD_DIM, KEY_ALIGNED, N_KEYS };
+enum { CONST_BLOCK_S, CONST_BLOCK_D, CONST_BLOCK_C };
+
+typedef struct {
+  ot_rotary_shape rope; /* batch, seq, d, r, w, cos strides (heads: Nq) */
+  int64_t nkv, past;
+} qrc_shape;
+
+static int shape_of(const ot_op *op, const ot_desc *in, const double *attrs, qrc_shape *out, char *err,
+                    size_t err_len) {
+  const ot_desc *qkv = &in[IN_QKV], *pk = &in[IN_PAST_KEY], *pv = &in[IN_PAST_VALUE];
+  const char *qn = op->inputs[IN_QKV].name, *kn = op->inputs[IN_PAST_KEY].name;
+  char a[160], b[160];
+  if (qkv->rank != 3 || qkv->dims[0] < 0 || qkv->dims[1] < 0 || qkv->dims[2] < 0) {
+    snprintf(err, err_len, "input %s has shape %s; it must be [B, S, (num_heads + 2 * kv_num_heads) * head_dim]", qn,
+             ot_shape_text(qkv, a, sizeof a));
+    return 1;
+  }
+  if (pk->rank != 4 || pk->dims[0] != qkv->dims[0] || pk->dims[1] < 1 || pk->dims[2] < 0 || pk->dims[3] < 1) {
+    snprintf(err, err_len, "input %s has shape %s; it must be [B, kv_num_heads, P, head_dim] with B = %lld (dim 0 of "
+                           "input %s)", kn, ot_shape_text(pk, a, sizeof a), (long long)qkv->dims[0], qn);
+    return 1;
+  }
+  if (pv->rank != 4 || memcmp(pv->dims, pk->dims, 4 * sizeof pk->dims[0]) != 0) {
+    snprintf(err, err_len, "input %s has shape %s but input %s has shape %s; they must be equal",
+             op->inputs[IN_PAST_VALUE].name, ot_shape_text(pv, a, sizeof a), kn, ot_shape_text(pk, b, sizeof b));
+    return 1;
+  }
+  const int64_t d = pk->dims[3], nkv = pk->dims[1], width = qkv->dims[2];
+  if (nkv > 65535 || width % d != 0 || width / d <= 2 * nkv) {
+    snprintf(err, err_len, "input %s has shape %s: its last dim must be (num_heads + 2 * %lld) * %lld with num_heads "
+                           ">= 1 (kv_num_heads and head_dim from input %s, %s)", qn, ot_shape_text(qkv, a, sizeof a),
+             (long long)nkv, (long long)d, kn, ot_shape_text(pk, b, sizeof b));
+    return 1;
+  }
+  out->nkv = nkv, out->past = pk->dims[2];
+  out->rope.batch = qkv->dims[0], out->rope.seq = qkv->dims[1], out->rope.d = d, out->rope.heads = width / d - 2 * nkv;
+  return ot_rotary_cos(op, in, IN_QKV, IN_COS, IN_SIN, attrs, &out->rope, err, err_len);
+}
+
+int ot_qkv_rotary_cache_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_outputs, const double *attrs,
+                             ot_plan *plan, char *err, size_t err_len) {
+  if (n_inputs != N_INPUTS || n_outputs != N_OUTPUTS || op->n_attrs != N_ATTRS) {
+    snprintf(err, err_len, "the kernel table gives this op %d inputs, %d outputs and %d attributes, the "
+                           "QKVRotaryCache planner expects 5, 3 and 2; the library is inconsistent, rebuild it",
+             n_inputs, n_outputs, op->n_attrs);
+    return 1;
+  }
+  qrc_shape sh;
+  if (shape_of(op, in, attrs, &sh, err, err_len)) return 1;
+  const int64_t d = sh.rope.d, batch = sh.rope.batch, seq = sh.rope.seq, nq = sh.rope.heads;
+  const int64_t keys[N_KEYS] = {d, d % 16 == 0 && sh.rope.w % 16 == 0};
+  const ot_spec *spec = ot_find_spec(op, keys, N_KEYS, plan->arch);
+  if (!spec) {
+    snprintf(err, err_len, "head_dim %lld (dim 3 of input %s) is not supported; this library's kernels take "
+                           "head_dim up to %lld", (long long)d, op->inputs[IN_PAST_KEY].name,
+             op->n_specs ? (long long)op->specs[op->n_specs - 1].key_max[KEY_HEAD_DIM] : 0LL);
+    return 1;
+  }
+  const int64_t block_s = spec->consts[CONST_BLOCK_S], block_d = spec->consts[CONST_BLOCK_D],
+                block_c = spec->consts[CONST_BLOCK_C];
+  if (block_s < 1 || block_d < d || block_c < 1) {
+    snprintf(err, err_len, "kernel %s has BLOCK_S=%lld, BLOCK_D=%lld, BLOCK_C=%lld in the kernel table for head_dim "
+                           "%lld; rebuild the library", spec->kernel_name, (long long)block_s, (long long)block_d,
+             (long long)block_c, (long long)d);
+    return 1;
+  }
+  /* every count below int32 (the kernel's program ids and its int32 arguments); each factor checked first */
+  const int64_t heads = nq + 2 * sh.nkv, s_blocks = (seq + block_s - 1) / block_s;
+  const int64_t per_slab = (sh.past * d + block_c - 1) / block_c;
+  const int64_t limit = INT32_MAX;
+  if (seq > limit - block_s || sh.past > limit - seq || batch > limit / heads ||
+      (s_blocks && batch * heads > limit / s_blocks) || sh.past * d > limit ||
+      (per_slab && 2 * batch * sh.nkv > limit / per_slab) ||
+      s_blocks * heads * batch > limit - 2 * batch * sh.nkv * per_slab) {
+    snprintf(err, err_len, "inputs %s %lld x %lld x %lld heads and a cache of %lld need more than 2^31 programs or "
+                           "elements a head; split the batch", op->inputs[IN_QKV].name, (long long)batch,
+             (long long)seq, (long long)heads, (long long)sh.past);
+    return 1;
+  }
+  const int64_t n_new = s_blocks * heads * batch;
+  plan->spec = spec;
+  plan->grid[0] = (unsigned)(n_new + 2 * batch * sh.nkv * per_slab);
+  plan->grid[1] = plan->grid[2] = 1;
+  plan->values[0] = n_new;
+  ot_desc *q = &plan->outputs[OUT_Q], *pk = &plan->outputs[OUT_PRESENT_KEY], *pv = &plan->outputs[OUT_PRESENT_VALUE];
+  *q = in[IN_PAST_KEY];
+  q->dims[1] = nq, q->dims[2] = seq; /* [B, Nq, S, D] */
+  *pk = in[IN_PAST_KEY];
+  pk->dims[2] = sh.past + seq;
+  *pv = *pk;
+  return 0;
+}
+
+int ot_qkv_rotary_cache_params(const ot_op *op, const ot_plan *plan, const ot_desc *in, void *const *ptrs,
+                               const double *attrs, void *storage, void **params) {
+  qrc_shape sh;
+  char err[8];
+  if (shape_of(op, in, attrs, &sh, err, sizeof err)) return -1; /* the plan has checked them */
+  const int32_t v[11] = {(int32_t)sh.rope.heads, (int32_t)sh.nkv, (int32_t)sh.rope.seq, (int32_t)sh.past,
+                         (int32_t)sh.rope.d, (int32_t)sh.rope.r, (int32_t)sh.rope.cos_b, (int32_t)sh.rope.cos_s,
+                         sh.rope.w != sh.rope.r, (int32_t)attrs[OT_ROTARY_INTERLEAVED], (int32_t)plan->values[0]};
+  uint64_t *slot = storage;
+  int n = 0;
+  for (int i = 0; i < N_INPUTS + N_OUTPUTS; i++) ot_put_param(slot, params, n++, &ptrs[i], sizeof ptrs[i]);
+  for (int i = 0; i < 11; i++) ot_put_param(slot, params, n++, &v[i], sizeof v[i]); /* NQ .. n_new */
+  return n;
+}

@@ -1,0 +1,127 @@
+"""QKVRotaryCache: what a decoder layer does between its packed Q/K/V projection and attention, in one op.
+
+    QKV [B, S, (Nq + 2 Nkv) D]     the packed projection (pack_projections' MatMul): q | k | v along the last dim
+    cos, sin                        as Rotary's: [B', S', W] or [B', 1, S', W], W = R or R/2
+    past_key, past_value [B, Nkv, P, D]
+    Q             = Rotary(Transpose(q as [B, S, Nq, D]))                       [B, Nq, S, D]
+    present_key   = Concat(past_key, Rotary(Transpose(k as [B, S, Nkv, D])), axis 2)    [B, Nkv, P + S, D]
+    present_value = Concat(past_value, Transpose(v as [B, S, Nkv, D]), axis 2)          [B, Nkv, P + S, D]
+
+Nkv and D are past_key's dims 1 and 3, Nq what the rest of QKV's last dim holds: the op needs no head
+attributes, so a node cannot disagree with its inputs. The rotary attributes and maths are Rotary's
+(ort_triton/ops/rotary.py), applied to q and k with the same cos and sin.
+
+Why one op: after packing, a decode step of a Llama layer ran six launch-bound kernels here (the Split, two
+Rotary or TransposeRotary, V's Transpose, the two cache Concats), 1.5-2 us each on the H200 for a few KB
+of new rows; the past's copy into present is the only real traffic, and it stays (the graph's cache is
+functional: present is a new tensor).
+
+The body is the original's subgraph in stock ops (Split by sizes computed from the shapes, Reshape,
+Transpose, Rotary's body on q and on k, Concat), so a fused model on ORT CPU gives the original's bits.
+
+The kernel (ort_triton/kernels/qkv_rotary_cache.py), one launch over a flat grid: first one program per
+(s-block, head of Nq + 2 Nkv, batch) tile of new rows, read from QKV, rotated (q, k) or not (v), written
+to Q or to present at row P + s; then one program per BLOCK_C elements of each (batch, kv head) slab of
+past_key and past_value, copied to the start of the same slab of present.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from ..contract import IO, Kernel, OpContract, Spec
+from .rotary import BLOCK_DS, NUM_WARPS, ROTARY, block_s, reference_rotary, rotary_body
+
+# Elements of past one copy program moves: 4096 fp16 at 4 warps is 32 a thread, four 16-byte vectors.
+BLOCK_C = 4096
+
+KERNEL = Kernel(
+    module="ort_triton.kernels.qkv_rotary_cache",
+    fn_name="qkv_rotary_cache_fwd",
+    signature={"QKV": "*{T}", "COS": "*{T}", "SIN": "*{T}", "PK": "*{T}", "PV": "*{T}", "Q": "*{T}",
+               "K": "*{T}", "V": "*{T}", "NQ": "i32", "NKV": "i32", "S": "i32", "P": "i32", "D": "i32", "R": "i32",
+               "cos_b": "i32", "cos_s": "i32", "per_pair": "i32", "interleaved": "i32", "n_new": "i32"},
+    native_plan="ot_qkv_rotary_cache_plan",
+    native_params="ot_qkv_rotary_cache_params",
+    dispatch_keys=("head_dim", "aligned"),
+)
+
+
+def _specs(_type_name: str) -> list[Spec]:
+    """Rotary's: per BLOCK_D, an aligned spec (D and W multiples of 16) then one for any; the copy block fixed."""
+    specs, lo = [], 1
+    for bd in BLOCK_DS:
+        for aligned in (1, 0):
+            specs.append(Spec(constexprs={"BLOCK_S": block_s(bd), "BLOCK_D": bd, "BLOCK_C": BLOCK_C},
+                              num_warps=NUM_WARPS, keys=((lo, bd), (aligned, 1)), consts=(block_s(bd), bd, BLOCK_C),
+                              divisible_by_16=("QKV", "COS", "SIN", "PK", "PV", "Q", "K", "V")
+                              + (("D", "cos_b", "cos_s") if aligned else ())))
+        lo = bd + 1
+    return specs
+
+
+def heads(qkv_shape, past_shape) -> tuple[int, int, int]:
+    """(Nq, Nkv, D) of a QKV and past_key shape; ValueError when QKV's last dim is not (Nq + 2 Nkv) D."""
+    nkv, d = int(past_shape[1]), int(past_shape[3])
+    width = int(qkv_shape[-1])
+    if d < 1 or nkv < 1 or width % d or width // d <= 2 * nkv:
+        raise ValueError(f"QKV's last dim {width} is not (Nq + 2 * {nkv}) * {d} with Nq >= 1 (past_key "
+                         f"{list(past_shape)})")
+    return width // d - 2 * nkv, nkv, d
+
+
+def reference_qkv_rotary_cache(qkv, cos, sin, past_key, past_value, interleaved=0, rotary_dim=0):
+    """float64 numpy reference, step by step as the decomposed graph does it."""
+    qkv, past_key, past_value = (np.asarray(a, np.float64) for a in (qkv, past_key, past_value))
+    nq, nkv, d = heads(qkv.shape, past_key.shape)
+    b, s = qkv.shape[:2]
+    q, k, v = np.split(qkv, [nq * d, (nq + nkv) * d], axis=-1)
+    heads_first = lambda t, n: t.reshape(b, s, n, d).transpose(0, 2, 1, 3)
+    (q_rot,) = reference_rotary(heads_first(q, nq), cos, sin, interleaved, rotary_dim)
+    (k_rot,) = reference_rotary(heads_first(k, nkv), cos, sin, interleaved, rotary_dim)
+    return (q_rot, np.concatenate([past_key, k_rot], axis=2),
+            np.concatenate([past_value, heads_first(v, nkv)], axis=2))
+
+
+def _body(opset: int) -> list[onnx.NodeProto]:
+    n = helper.make_node
+    ints = lambda name, vals: n("Constant", [], [name], value=helper.make_tensor(name, onnx.TensorProto.INT64,
+                                                                                 [len(vals)], vals))
+    nodes = [
+        ints("two1", [2]), ints("keep_bs", [0, 0, -1]),
+        # sizes [Nq D, Nkv D, Nkv D] from the shapes: Nkv D = past_key's dims 1 x 3, Nq D the rest
+        n("Shape", ["past_key"], ["nkv"], start=1, end=2), n("Shape", ["past_key"], ["d"], start=3),
+        n("Shape", ["QKV"], ["width"], start=2), n("Mul", ["nkv", "d"], ["kv_w"]),
+        n("Mul", ["kv_w", "two1"], ["kv_w2"]), n("Sub", ["width", "kv_w2"], ["q_w"]),
+        n("Concat", ["q_w", "kv_w", "kv_w"], ["sizes"], axis=0),
+        n("Split", ["QKV", "sizes"], ["q", "k", "v"], axis=2),
+        # each to [B, S, N, D] (Reshape's 0 keeps B and S), then heads first
+        n("Concat", ["keep_bs", "d"], ["bsnd"], axis=0),
+        *[node for t in "qkv" for node in (n("Reshape", [t, "bsnd"], [f"{t}4"]),
+                                           n("Transpose", [f"{t}4"], [f"{t}_t"], perm=[0, 2, 1, 3]))],
+        *rotary_body(opset, "q_t", "Q", prefix="rq_"),
+        *rotary_body(opset, "k_t", "k_rot", prefix="rk_"),
+        n("Concat", ["past_key", "k_rot"], ["present_key"], axis=2),
+        n("Concat", ["past_value", "v_t"], ["present_value"], axis=2),
+    ]
+    return nodes
+
+
+QKV_ROTARY_CACHE = OpContract(
+    name="QKVRotaryCache",
+    doc="Packed QKV [B, S, (Nq + 2 Nkv) D] split into heads; Q = Rotary(q) [B, Nq, S, D]; present_key = "
+        "Concat(past_key, Rotary(k)), present_value = Concat(past_value, v) along the sequence, [B, Nkv, P + S, D]; "
+        "Nkv and D from past_key; cos, sin and the attributes as Rotary's.",
+    inputs=(IO("QKV", "[B, S, (Nq + 2 Nkv) D]"), *ROTARY.inputs[1:],
+            IO("past_key", "[B, Nkv, P, D]"), IO("past_value", "[B, Nkv, P, D]")),
+    outputs=(IO("Q", "[B, Nq, S, D]"), IO("present_key", "[B, Nkv, P + S, D]"),
+             IO("present_value", "[B, Nkv, P + S, D]")),
+    attrs=ROTARY.attrs,
+    types=ROTARY.types,
+    body=_body,
+    reference=reference_qkv_rotary_cache,
+    kernel=KERNEL,
+    specializations=_specs,
+)
