@@ -6,6 +6,14 @@ import numpy as np
 import onnx_ir as ir
 
 
+def same_dim(a, b) -> bool:
+    """Provably equal dims: the same number, or the same named symbol (onnx_ir calls two unknown dims equal,
+    which proves nothing: one of them may be a broadcast 1); None (no dim) equals nothing."""
+    if isinstance(a, int) or isinstance(b, int):
+        return isinstance(a, int) and isinstance(b, int) and a == b
+    return a is not None and b is not None and a.value is not None and a.value == b.value
+
+
 def zero_vector(op, like: ir.Value, length: int, tag: str) -> ir.Value:
     """A [length] zero initializer of like's element type, for an input the contract requires and the
     model lacks (a bias, a beta). Named after `like` and `tag`, with a counter when that name is taken (two

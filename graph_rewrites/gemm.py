@@ -40,6 +40,8 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
+from .common import same_dim
+
 _MAX_DEPTH = 8  # shape subgraphs are a few nodes deep
 _Element = int | tuple  # a shape entry: a constant, or (value, axis): dim `axis` of `value`
 
@@ -112,13 +114,6 @@ def _elements(v: ir.Value, depth: int = 0) -> tuple[list[_Element], bool] | None
     return None
 
 
-def _same_dim(a, b) -> bool:
-    """Provably equal dims: equal ints, or one named symbol."""
-    if isinstance(a, int) or isinstance(b, int):
-        return isinstance(a, int) and isinstance(b, int) and a == b
-    return a is not None and b is not None and a.value is not None and a.value == b.value
-
-
 def _dim(v: ir.Value, i: int):
     return v.shape[i] if v.shape is not None and 0 <= i < v.shape.rank() else None
 
@@ -130,8 +125,8 @@ def _equals_x_dim(e: _Element, x: ir.Value, i: int, out: ir.Value) -> bool:
         proven = e > 0 and xd == e
     else:
         u, axis = e
-        proven = (u is x and axis == i) or _same_dim(_dim(u, axis), xd)
-    return proven or _same_dim(_dim(out, i), xd)
+        proven = (u is x and axis == i) or same_dim(_dim(u, axis), xd)
+    return proven or same_dim(_dim(out, i), xd)
 
 
 def _unique_name(graph: ir.Graph | None, base: str) -> str:

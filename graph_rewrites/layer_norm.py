@@ -15,7 +15,7 @@ from onnxscript.rewriter import _ir_utils, pattern
 from ort_triton.contract import DOMAIN
 from ort_triton.ops.layer_norm import ADD_LAYER_NORM, LAYER_NORM, MAX_HIDDEN
 
-from .common import check_zero_bias_to_fold, zero_vector
+from .common import check_zero_bias_to_fold, same_dim, zero_vector
 
 _TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
 
@@ -123,17 +123,9 @@ class DecomposedLayerNormRule(_LayerNormRule):
         return LAYER_NORM.node(op, x, gamma, self._beta(op, beta, x, self._hidden), epsilon=self._eps)
 
 
-def _same_dim(a, b) -> bool:
-    """Provably equal: the same number, or the same named symbol (onnx_ir calls two unknown dims equal,
-    which proves nothing: one of them may be a broadcast 1)."""
-    if isinstance(a, int) or isinstance(b, int):
-        return a == b
-    return a.value is not None and a.value == b.value
-
-
 def _same_shape(a: ir.Value, b: ir.Value) -> bool:
     return a.shape is not None and b.shape is not None and a.shape.rank() == b.shape.rank() and all(
-        _same_dim(da, db) for da, db in zip(a.shape, b.shape))
+        same_dim(da, db) for da, db in zip(a.shape, b.shape))
 
 
 class _AddLayerNormBase(pattern.RewriteRuleClassBase):

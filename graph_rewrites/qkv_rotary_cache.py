@@ -40,6 +40,8 @@ from onnxscript.rewriter._rewrite_rule import RULE_NAME_TAG
 from ort_triton.contract import DOMAIN
 from ort_triton.ops.qkv_rotary_cache import QKV_ROTARY_CACHE
 
+from .common import same_dim
+
 NAME = "qkv_rotary_cache"
 _TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
 # ops whose two nodes over the same inputs may differ: never proof that two cos values are equal
@@ -106,13 +108,6 @@ def _layer(split: ir.Node) -> dict[str, _Path] | None:
     return roles
 
 
-def _same_dim(a, b) -> bool:
-    """Provably equal dims: equal ints, or one named symbol (an unnamed one equals nothing)."""
-    if isinstance(a, int) or isinstance(b, int):
-        return a == b
-    return a.value is not None and a.value == b.value
-
-
 def _same_attrs(a: ir.Node, b: ir.Node) -> bool:
     if set(a.attributes) != set(b.attributes):
         return False
@@ -151,7 +146,7 @@ def _heads(path: _Path, width: int, d: int) -> int | str:
     node, x, y = path.reshape, path.reshape.inputs[0], path.reshape.outputs[0]
     if x.shape is None or y.shape is None or x.shape.rank() != 3 or y.shape.rank() != 4:
         return f"{_desc(node)} maps {x.shape} to {y.shape}, not [B, S, N*D] to [B, S, N, D]"
-    if not (_same_dim(x.shape[0], y.shape[0]) and _same_dim(x.shape[1], y.shape[1])):
+    if not (same_dim(x.shape[0], y.shape[0]) and same_dim(x.shape[1], y.shape[1])):
         return f"{_desc(node)} maps {x.shape} to {y.shape}: B and S not provably kept"
     if y.shape[3] != d or width % d:
         return f"{_desc(node)} gives heads of {y.shape[3]} (its input {width} wide), past_key's D is {d}"

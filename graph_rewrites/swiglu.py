@@ -15,13 +15,9 @@ from onnxscript.rewriter import pattern
 
 from ort_triton.ops.swiglu import SILU_MUL
 
+from .common import same_dim
+
 _TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
-
-
-def _same_dim(a, b) -> bool:
-    if isinstance(a, int) or isinstance(b, int):
-        return a == b
-    return a.value is not None and a.value == b.value
 
 
 def _check_operands(result: pattern.MatchResult, gate: ir.Value, up: ir.Value) -> pattern.MatchResult:
@@ -30,7 +26,7 @@ def _check_operands(result: pattern.MatchResult, gate: ir.Value, up: ir.Value) -
     if up.dtype != gate.dtype:
         return result.fail(f"gate is {gate.dtype} but up is {up.dtype}", up)
     gs, us = gate.shape, up.shape
-    if gs is None or us is None or gs.rank() < 1 or gs.rank() != us.rank() or not all(map(_same_dim, gs, us)):
+    if gs is None or us is None or gs.rank() < 1 or gs.rank() != us.rank() or not all(map(same_dim, gs, us)):
         return result.fail(f"gate {gs} and up {us} are not provably one shape (the op does not broadcast)", up)
     if not isinstance(gs[-1], int):
         return result.fail(f"the last dimension of gate is not static (shape {gs})", gate)

@@ -39,54 +39,57 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     ints = lambda s: [int(v) for v in s.split(",")]
     nq, nkv, d = args.heads, args.kv_heads, args.head_dim
-    out = open(args.json, "w")
-    for shape in args.shapes.split(","):
-        b, t = map(int, shape.split("x"))
-        t += 1  # the cache plus the new token
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        q, k, v = (torch.randn(shape, generator=gen, device="cuda", dtype=torch.float16)
-                   for shape in ((b, nq, 1, d), (b, nkv, t, d), (b, nkv, t, d)))
-        kb = torch.zeros(b, t, device="cuda", dtype=torch.float16)
-        y = torch.empty(b, 1, nq * d, device="cuda", dtype=torch.float16)
-        scale = d**-0.5
-        ref = causal_attention(q, k, v, kb, scale, config=dict(SPLIT_TARGET=0)).float()
+    with open(args.json, "w") as out:  # one row a line, flushed per shape: a cut run keeps what it timed
+        for shape in args.shapes.split(","):
+            b, t = map(int, shape.split("x"))
+            t += 1  # the cache plus the new token
+            gen = torch.Generator(device="cuda").manual_seed(0)
+            q, k, v = (torch.randn(shape, generator=gen, device="cuda", dtype=torch.float16)
+                       for shape in ((b, nq, 1, d), (b, nkv, t, d), (b, nkv, t, d)))
+            kb = torch.zeros(b, t, device="cuda", dtype=torch.float16)
+            y = torch.empty(b, 1, nq * d, device="cuda", dtype=torch.float16)
+            scale = d**-0.5
+            ref = causal_attention(q, k, v, kb, scale, config=dict(SPLIT_TARGET=0)).float()
 
-        def ms(fn):
-            fn()  # compile outside the capture
-            return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
+            def ms(fn):
+                fn()  # compile outside the capture
+                return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
 
-        default = block_config(d, "float16", nq // nkv)
-        ours = functools.partial(causal_attention, q, k, v, kb, scale, out=y)
-        rows = [dict(config="default", us=1e3 * ms(ours),
-                     chunk=split_keys(t, b * nkv, default["BLOCK_N"], default["SPLIT_TARGET"], SPLIT_MIN_KEYS))]
-        sdpa = torch.nn.functional.scaled_dot_product_attention
-        rows.append(dict(config="sdpa", us=1e3 * ms(functools.partial(sdpa, q, k, v, scale=scale, enable_gqa=True))))
-        for bn, w, st, target, min_keys in itertools.product(ints(args.block_n), ints(args.warps), ints(args.stages),
-                                                              ints(args.split_target), ints(args.split_min_keys)):
-            if target == 0 and min_keys != ints(args.split_min_keys)[0]:
-                continue  # one pass: the minimum does not matter
-            cfg = dict(BLOCK_N=bn, num_warps=w, num_stages=st, SPLIT_TARGET=target, SPLIT_MIN_KEYS=min_keys)
-            try:
-                got = causal_attention(q, k, v, kb, scale, config=cfg).float()
-                err = (got - ref).abs().max().item()
-                us = 1e3 * ms(functools.partial(ours, config=cfg))
-            except Exception as e:  # noqa: BLE001 (out of shared memory, a config that does not compile)
-                rows.append(dict(config=cfg, error=str(e)[:200]))
-                continue
-            rows.append(dict(config=cfg, us=us, max_abs_diff=err,
-                             chunk=split_keys(t, b * nkv, bn, target, min_keys)))
-        cache_bytes = 2 * b * nkv * t * d * 2
-        for row in rows:
-            row.update(shape=shape, cache_bytes=cache_bytes)
-            if "us" in row:
-                row["gb_s"] = cache_bytes / row["us"] / 1e3
-            out.write(json.dumps(row) + "\n")
-        out.flush()
-        ok = sorted((r for r in rows if "us" in r and isinstance(r["config"], dict)), key=lambda r: r["us"])
-        print(f"{shape}: default {rows[0]['us']:.2f} us (chunk {rows[0]['chunk']}), sdpa {rows[1]['us']:.2f} us; best:")
-        for row in ok[:5]:
-            print(f"   {row['us']:7.2f} us  {row['gb_s']:6.0f} GB/s  chunk {row['chunk']:5}  {row['config']}  "
-                  f"|d| {row['max_abs_diff']:.1e}")
+            default = block_config(d, "float16", nq // nkv)
+            ours = functools.partial(causal_attention, q, k, v, kb, scale, out=y)
+            rows = [dict(config="default", us=1e3 * ms(ours),
+                         chunk=split_keys(t, b * nkv, default["BLOCK_N"], default["SPLIT_TARGET"], SPLIT_MIN_KEYS))]
+            sdpa = torch.nn.functional.scaled_dot_product_attention
+            torch_sdpa = functools.partial(sdpa, q, k, v, scale=scale, enable_gqa=True)
+            rows.append(dict(config="sdpa", us=1e3 * ms(torch_sdpa)))
+            grid = itertools.product(ints(args.block_n), ints(args.warps), ints(args.stages), ints(args.split_target),
+                                     ints(args.split_min_keys))
+            for bn, w, st, target, min_keys in grid:
+                if target == 0 and min_keys != ints(args.split_min_keys)[0]:
+                    continue  # one pass: the minimum does not matter
+                cfg = dict(BLOCK_N=bn, num_warps=w, num_stages=st, SPLIT_TARGET=target, SPLIT_MIN_KEYS=min_keys)
+                try:
+                    got = causal_attention(q, k, v, kb, scale, config=cfg).float()
+                    err = (got - ref).abs().max().item()
+                    us = 1e3 * ms(functools.partial(ours, config=cfg))
+                except Exception as e:  # noqa: BLE001 (out of shared memory, a config that does not compile)
+                    rows.append(dict(config=cfg, error=str(e)[:200]))
+                    continue
+                rows.append(dict(config=cfg, us=us, max_abs_diff=err,
+                                 chunk=split_keys(t, b * nkv, bn, target, min_keys)))
+            cache_bytes = 2 * b * nkv * t * d * 2
+            for row in rows:
+                row.update(shape=shape, cache_bytes=cache_bytes)
+                if "us" in row:
+                    row["gb_s"] = cache_bytes / row["us"] / 1e3
+                out.write(json.dumps(row) + "\n")
+            out.flush()
+            ok = sorted((r for r in rows if "us" in r and isinstance(r["config"], dict)), key=lambda r: r["us"])
+            print(f"{shape}: default {rows[0]['us']:.2f} us (chunk {rows[0]['chunk']}), sdpa {rows[1]['us']:.2f} us; "
+                  "best:")
+            for row in ok[:5]:
+                print(f"   {row['us']:7.2f} us  {row['gb_s']:6.0f} GB/s  chunk {row['chunk']:5}  {row['config']}  "
+                      f"|d| {row['max_abs_diff']:.1e}")
 
 
 if __name__ == "__main__":

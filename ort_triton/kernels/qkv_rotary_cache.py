@@ -6,8 +6,8 @@ import triton
 import triton.language as tl
 
 from ..ops.qkv_rotary_cache import BLOCK_C, heads
-from ..ops.rotary import BLOCK_DS, MAX_HEAD_DIM, NUM_WARPS, block_s
-from .rotary import rope_rows
+from ..ops.rotary import BLOCK_DS, NUM_WARPS, block_s
+from .rotary import rope_args, rope_rows
 
 
 @triton.jit
@@ -73,20 +73,8 @@ def qkv_rotary_cache(qkv, cos, sin, past_key, past_value, interleaved=0, rotary_
     batch, seq, past = qkv.shape[0], qkv.shape[1], past_key.shape[2]
     if past_key.shape[0] != batch:
         raise ValueError(f"qkv_rotary_cache: past_key's batch {past_key.shape[0]} is not QKV's {batch}")
-    r = rotary_dim or d
-    if d > MAX_HEAD_DIM or r % 2 or not 2 <= r <= d:
-        raise ValueError(f"qkv_rotary_cache: D={d}, rotary_dim={r}: need an even rotary_dim in 2..D and D <= "
-                         f"{MAX_HEAD_DIM}")
-    if cos.dim() == 4 and cos.shape[1] == 1:
-        cos, sin = cos[:, 0], sin[:, 0]
-    if (cos.shape != sin.shape or cos.dim() != 3 or cos.shape[0] not in (1, batch) or cos.shape[1] not in (1, seq)
-            or cos.shape[2] not in (r, r // 2)):
-        raise ValueError(f"qkv_rotary_cache: cos and sin must be [1 or B, 1 or S, R or R/2], got {list(cos.shape)}")
-    cos, sin = cos.contiguous(), sin.contiguous()
+    cos, sin, r, w, cos_b, cos_s = rope_args("qkv_rotary_cache", cos, sin, qkv.dtype, batch, seq, d, rotary_dim)
     qkv, past_key, past_value = qkv.contiguous(), past_key.contiguous(), past_value.contiguous()
-    w = cos.shape[2]
-    cos_s = w if cos.shape[1] > 1 else 0
-    cos_b = cos.shape[1] * w if cos.shape[0] > 1 else 0
     q, k, v = out if out is not None else (qkv.new_empty(batch, nq, seq, d), qkv.new_empty(batch, nkv, past + seq, d),
                                            qkv.new_empty(batch, nkv, past + seq, d))
     bd = next(b for b in BLOCK_DS if d <= b)

@@ -54,6 +54,27 @@ def rotary_fwd(X, COS, SIN, Y, N, S, D, R, cos_b, cos_s, per_pair, interleaved,
     tl.store(y_rows + tl.arange(0, BLOCK_D)[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
 
+def rope_args(name, cos, sin, dtype, batch, seq, d, rotary_dim):
+    """The rotary arguments of a launch, checked as the native planner's ot_rotary_cos checks them: R (rotary_dim,
+    0: D), cos and sin [B', S', W] contiguous (the 1 after B' of the rank-4 form dropped), W and the cos row
+    strides (0 broadcasts). Returns (cos, sin, R, W, cos_b, cos_s); name heads the messages."""
+    r = rotary_dim or d
+    if d > MAX_HEAD_DIM or r % 2 or not 2 <= r <= d:
+        raise ValueError(f"{name}: D={d}, rotary_dim={r}: need an even rotary_dim in 2..D and D <= {MAX_HEAD_DIM}")
+    if cos.shape != sin.shape or cos.dtype != dtype or sin.dtype != dtype:
+        raise ValueError(f"{name}: cos and sin must be one shape and X's type, got {list(cos.shape)}, "
+                         f"{list(sin.shape)}")
+    if cos.dim() == 4 and cos.shape[1] == 1:
+        cos, sin = cos[:, 0], sin[:, 0]
+    if (cos.dim() != 3 or cos.shape[0] not in (1, batch) or cos.shape[1] not in (1, seq)
+            or cos.shape[2] not in (r, r // 2)):
+        raise ValueError(f"{name}: cos must be [1 or B, 1 or S, R or R/2] (or with a 1 after B), got {list(cos.shape)}")
+    w = cos.shape[2]
+    cos_s = w if cos.shape[1] > 1 else 0
+    cos_b = cos.shape[1] * w if cos.shape[0] > 1 else 0
+    return cos.contiguous(), sin.contiguous(), r, w, cos_b, cos_s
+
+
 def rotary(x, cos, sin, interleaved=0, rotary_dim=0, *, out=None, x_bsnd=False):
     """Run the kernel on torch tensors (tests, the interpreter, GPU timing); shapes as the contract says.
     x_bsnd: X is [B, S, N, D] (TransposeRotary); Y is [B, N, S, D] either way."""
@@ -64,21 +85,7 @@ def rotary(x, cos, sin, interleaved=0, rotary_dim=0, *, out=None, x_bsnd=False):
     if x.dim() != 4:
         raise ValueError(f"rotary: X must be [B, {'S, N' if x_bsnd else 'N, S'}, D], got {list(x.shape)}")
     batch, heads, seq, d = (x.shape[0], x.shape[2], x.shape[1], x.shape[3]) if x_bsnd else x.shape
-    r = rotary_dim or d
-    if d > MAX_HEAD_DIM or r % 2 or not 2 <= r <= d:
-        raise ValueError(f"rotary: D={d}, rotary_dim={r}: need an even rotary_dim in 2..D and D <= {MAX_HEAD_DIM}")
-    if cos.shape != sin.shape or cos.dtype != x.dtype or sin.dtype != x.dtype:
-        raise ValueError(f"rotary: cos and sin must be one shape and X's type, got {list(cos.shape)}, "
-                         f"{list(sin.shape)}")
-    if cos.dim() == 4 and cos.shape[1] == 1:
-        cos, sin = cos[:, 0], sin[:, 0]
-    if (cos.dim() != 3 or cos.shape[0] not in (1, batch) or cos.shape[1] not in (1, seq)
-            or cos.shape[2] not in (r, r // 2)):
-        raise ValueError(f"rotary: cos must be [1 or B, 1 or S, R or R/2] (or with a 1 after B), got {list(cos.shape)}")
-    cos, sin = cos.contiguous(), sin.contiguous()
-    w = cos.shape[2]
-    cos_s = w if cos.shape[1] > 1 else 0
-    cos_b = cos.shape[1] * w if cos.shape[0] > 1 else 0
+    cos, sin, r, w, cos_b, cos_s = rope_args("rotary", cos, sin, x.dtype, batch, seq, d, rotary_dim)
     x = x.contiguous()
     y = out if out is not None else x.new_empty(batch, heads, seq, d)
     bd = next(b for b in BLOCK_DS if d <= b)

@@ -32,7 +32,7 @@ import onnx
 from onnx import helper
 
 from ..contract import IO, Kernel, OpContract, Spec
-from .rotary import BLOCK_DS, NUM_WARPS, ROTARY, block_s, reference_rotary, rotary_body
+from .rotary import ROTARY, reference_rotary, rope_specs, rotary_body
 
 # Elements of past one copy program moves: 4096 fp16 at 4 warps is 32 a thread, four 16-byte vectors.
 BLOCK_C = 4096
@@ -50,16 +50,8 @@ KERNEL = Kernel(
 
 
 def _specs(_type_name: str) -> list[Spec]:
-    """Rotary's: per BLOCK_D, an aligned spec (D and W multiples of 16) then one for any; the copy block fixed."""
-    specs, lo = [], 1
-    for bd in BLOCK_DS:
-        for aligned in (1, 0):
-            specs.append(Spec(constexprs={"BLOCK_S": block_s(bd), "BLOCK_D": bd, "BLOCK_C": BLOCK_C},
-                              num_warps=NUM_WARPS, keys=((lo, bd), (aligned, 1)), consts=(block_s(bd), bd, BLOCK_C),
-                              divisible_by_16=("QKV", "COS", "SIN", "PK", "PV", "Q", "K", "V")
-                              + (("D", "cos_b", "cos_s") if aligned else ())))
-        lo = bd + 1
-    return specs
+    """Rotary's (per BLOCK_D, an aligned spec then one for any), the copy block fixed."""
+    return rope_specs(("QKV", "COS", "SIN", "PK", "PV", "Q", "K", "V"), {"BLOCK_C": BLOCK_C}, (BLOCK_C,))
 
 
 def heads(qkv_shape, past_shape) -> tuple[int, int, int]:

@@ -59,20 +59,26 @@ def block_s(block_d: int) -> int:
     return TILE // block_d
 
 
-def _specs(_type_name: str, x_bsnd: bool = False) -> list[Spec]:
+def rope_specs(pointers: tuple[str, ...], constexprs: dict | None = None, consts: tuple[int, ...] = ()) -> list[Spec]:
     """Per BLOCK_D (head dims up to it), two specs: the first where D and the cos/sin row width W are
     multiples of 16 (then every row of X, Y, cos and sin starts 16-byte aligned: vector loads), the
     second for any. The planner takes the first that fits. First choices, to be swept on the GPU.
-    x_bsnd: TransposeRotary's, X read as [B, S, N, D]."""
+    For every kernel built on rope_rows: pointers are its pointer arguments; constexprs and consts, its own
+    beyond (BLOCK_S, BLOCK_D)."""
     specs, lo = [], 1
     for bd in BLOCK_DS:
         for aligned in (1, 0):
-            specs.append(Spec(constexprs={"BLOCK_S": block_s(bd), "BLOCK_D": bd, "X_BSND": int(x_bsnd)},
+            specs.append(Spec(constexprs={"BLOCK_S": block_s(bd), "BLOCK_D": bd, **(constexprs or {})},
                               num_warps=NUM_WARPS,
-                              keys=((lo, bd), (aligned, 1)), consts=(block_s(bd), bd),
-                              divisible_by_16=("X", "COS", "SIN", "Y") + (("D", "cos_b", "cos_s") if aligned else ())))
+                              keys=((lo, bd), (aligned, 1)), consts=(block_s(bd), bd, *consts),
+                              divisible_by_16=pointers + (("D", "cos_b", "cos_s") if aligned else ())))
         lo = bd + 1
     return specs
+
+
+def _specs(_type_name: str, x_bsnd: bool = False) -> list[Spec]:
+    """x_bsnd: TransposeRotary's, X read as [B, S, N, D]."""
+    return rope_specs(("X", "COS", "SIN", "Y"), {"X_BSND": int(x_bsnd)})
 
 
 def reference_rotary(x, cos, sin, interleaved=0, rotary_dim=0):
@@ -149,7 +155,6 @@ def _body(_opset: int, x: str = "X") -> list[onnx.NodeProto]:
     ]
 
 
-
 def rotary_body(opset: int, x: str, y: str, prefix: str) -> list[onnx.NodeProto]:
     """Rotary's body reading `x` and writing `y`, its other values renamed with `prefix`: for a body that
     rotates more than one tensor (QKVRotaryCache's q and k) with the function's cos, sin and attributes."""
@@ -160,6 +165,7 @@ def rotary_body(opset: int, x: str, y: str, prefix: str) -> list[onnx.NodeProto]
         node.input[:] = [name(v) for v in node.input]
         node.output[:] = [name(v) for v in node.output]
     return nodes
+
 
 ROTARY = OpContract(
     name="Rotary",

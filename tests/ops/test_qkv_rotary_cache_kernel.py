@@ -89,7 +89,7 @@ def test_bad_shapes_are_a_clear_error():
         qkv_rotary_cache(z(1, 2, 32), z(1, 2, 8), z(1, 2, 8), z(1, 2, 3, 8), z(1, 2, 3, 8))
     with pytest.raises(ValueError, match="past_key, past_value one"):
         qkv_rotary_cache(z(1, 2, 64), z(1, 2, 8), z(1, 2, 8), z(1, 2, 3, 8), z(1, 2, 4, 8))
-    with pytest.raises(ValueError, match="cos and sin must be"):
+    with pytest.raises(ValueError, match=r"qkv_rotary_cache: cos must be \[1 or B, 1 or S, R or R/2\]"):
         qkv_rotary_cache(z(1, 2, 64), z(1, 3, 8), z(1, 3, 8), z(1, 2, 3, 8), z(1, 2, 3, 8))
 
 
