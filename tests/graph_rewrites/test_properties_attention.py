@@ -54,6 +54,9 @@ MASK_DTYPES = {"int64": np.int64, "int32": np.int32, "float32": np.float32}
 # every pattern) against ~0.05 s with these, so the generated cases run these, many of them, and
 # test_the_whole_pipeline_fuses_the_same runs every rule on a few.
 ATTENTION_RULES = [r.name for r in graph_rewrites.RULES if r.name.startswith("attention")]
+# the projection packers: pack_qkv after a fused attention; pack_projections packs the Q/K/V MatMuls of one input
+# that an attention rule left unfused (an ONNX Attention it refuses): both belong with the attention rules here
+PACKERS = ["pack_qkv", "pack_projections"]
 MANY = settings(SETTINGS, max_examples=60)  # the forms that fuse, per element type
 FEW = settings(SETTINGS, max_examples=15)  # each kind of refusal
 
@@ -675,11 +678,11 @@ def test_the_whole_pipeline_fuses_the_same(case):
     out, rep = _optimize(model, None)
     _same(model, out, feeds, TOL[p["dtype"]])
     others = {name: s.matched for name, s in rep.rules.items()
-              if s.matched and name not in ATTENTION_RULES + ["pack_qkv"]}
+              if s.matched and name not in ATTENTION_RULES + PACKERS}
     if p["static"] and p["seq"] == 1:  # one key: a padding mask is causal too, and those rules may take it
         assert set(others) <= {"causal_attention", "causal_attention_onnx"}, others
         return
-    _, alone = _optimize(model, ATTENTION_RULES + ["pack_qkv"])
+    _, alone = _optimize(model, ATTENTION_RULES + PACKERS)
     assert not others and rep.ops_after == alone.ops_after, (others, rep.ops_after, alone.ops_after)
 
 
