@@ -30,6 +30,7 @@ from . import pack_qkv as pack
 from . import rms_norm as rms
 from . import rotary as rope
 from . import swiglu as swi
+from . import transposed_weight as tw
 from .pack_projections import pack_projections
 from .qkv_rotary_cache import qkv_rotary_cache
 
@@ -135,6 +136,14 @@ RULES: tuple[RuleInfo, ...] = (
              "CausalAttention", 5, lambda: [causal.CausalOnnxAttentionRule.rule("causal_attention_onnx")]),
     RuleInfo("gemm_reshape", "Reshape(Gemm(Reshape(x, [-1, K]), W, b), [..., N]) -> MatMul(x, W) + b "
              "(GPT-2's Conv1D)", 1, lambda: [gemm.GemmReshapeRule.rule("gemm_reshape")], emits="MatMul"),
+    # Last: every rule that reads a MatMul (bias folds, packing, attention) has run; gemm_reshape (stage 1) would
+    # turn the Gemm back into a MatMul. Off by default until timed: session 15's H200 profile found GPT-2 small's
+    # lm_head in cuBLAS's align1 GEMM (2.5 of 4.8 ms at prefill 8x512), but the device time ran out before the
+    # rule itself was timed (STEPS=tw in scripts/gpu_session15.sh).
+    RuleInfo("transposed_weight", "MatMul(x, W [K, N]), N * elem not 16-byte aligned -> Reshape(Gemm(Reshape(x, "
+             "[-1, K]), W^T, transB=1)) (GPT-2's lm_head, vocab 50257)", 12,
+             lambda: [tw.TransposedWeightOfTransposeRule.rule("transposed_weight"),
+                      tw.TransposedWeightRule.rule("transposed_weight")], emits="Gemm", default=False),
 )
 BY_NAME = {r.name: r for r in RULES}
 

@@ -8,7 +8,9 @@ model and weights, same inputs, CUDA events, median of many runs.
 
 Prefill BxS: a prompt of S tokens, no past. Decode BxP: one new token per row over a cache of P positions
 (the step is timed alone, on the same inputs each time). Each ORT runtime keeps one session for every shape;
-with CUDA graphs, each shape gets its own graph (run option gpu_graph_id) on fixed buffers.
+with CUDA graphs, each shape gets its own graph (run option gpu_graph_id) on fixed buffers. ORT refuses to
+capture the dynamic cache exports (their shape subgraphs run on the CPU), so the *_static runtimes, ORT's own
+and ours alike, run the model specialised for each shape (one session per shape), which it captures.
 What a decode step must move at least: every weight once (the input embedding only for the B rows it
 gathers) and the cache it reads, 2 x layers x B x kv_heads x P x head_dim elements; the bandwidth column
 is that over the time, against the 4.08 TB/s copy ceiling (FACTS.md). The exports' KV cache is a Concat,
@@ -37,8 +39,9 @@ from .profile import summary_lines, trace
 from .runtimes import TUNED_LIBRARY_ENV, library_reason, tuned_library_reason
 
 CEILING_GBS = 4080.0
-RUNTIMES = ("ort_stock", "ort_opset23", "ort_opset23_cuda_graph", "onnxscript_fusions", "ort_optimizer",
-            "ort_triton", "ort_triton_static", "ort_triton_cuda_graph", "torch_eager")
+RUNTIMES = ("ort_stock", "ort_opset23", "ort_opset23_cuda_graph", "ort_opset23_static_cuda_graph",
+            "onnxscript_fusions", "ort_optimizer", "ort_optimizer_static_cuda_graph", "ort_triton", "ort_triton_static",
+            "ort_triton_cuda_graph", "torch_eager")
 ELEM_BYTES = {"float16": 2, "float32": 4}
 PREFILL = "1x512,8x512,1x2048,8x2048"  # the default shapes (bench.ab --decoder's too)
 DECODE = "1x1024,16x1024,1x4096,16x4096"
@@ -143,10 +146,10 @@ class OrtRuntime:
         so.log_severity_level = 3
         return so
 
-    def session(self, m: Model):
+    def session(self, m: Model, path: pathlib.Path | None = None):
         import onnxruntime as ort
 
-        path = self.model_file(m)
+        path = path or self.model_file(m)
         providers = ["CPUExecutionProvider"]
         if m.device == "cuda":
             providers = [("CUDAExecutionProvider", {"enable_cuda_graph": "1"} if self.cuda_graph else {})]
@@ -289,45 +292,96 @@ class OrtTriton(_Rewritten):
                             library=self.library)
 
 
-class OrtTritonStatic(OrtTriton):
-    """ort_triton on a model specialised for each shape (graph_rewrites/static_shapes.py, what `optimize
-    --static-shapes` does): every shape computation folded, so every node runs on the CUDA EP. One session per
-    shape, made when the shape comes."""
-
-    name = "ort_triton_static"
+class _PerShape:
+    """A runtime on its model specialised for each shape (graph_rewrites/static_shapes.py, what `optimize
+    --static-shapes` does): every shape computation folded, so every node can run on the CUDA EP and ORT can
+    capture a CUDA graph. One session per shape, made when the shape comes. Mixed into ORT's own runtimes too:
+    ORT refuses to capture the dynamic cache exports, and the same specialisation gives it its CUDA graphs."""
 
     def start(self, m):
-        self.path = self.model_file(m)  # the fused model, made once
+        self.path = self.model_file(m)  # the runtime's model, made once
         self.sess, self.graph_ids = None, 0
 
     def specialized(self, m, feeds) -> pathlib.Path:
-        """The fused model specialised for the feeds' shapes, made once per work directory: every static
-        runtime (default or tuned library, with or without CUDA graphs) reads the same file, and two of them
-        alive side by side (bench.ab) never write over a file the other's session loaded. Remade when the
-        fused model is not the one it was made from."""
+        """The model specialised for the feeds' shapes, made once per work directory: every runtime on the same
+        model (default or tuned library, with or without CUDA graphs) reads the same file, and two of them alive
+        side by side (bench.ab) never write over a file the other's session loaded. Remade when the model is not
+        the one it was made from. A model whose weights are in a data file keeps them there: the specialised
+        file references the same data file (the weights are not copied for every shape)."""
         import onnx_ir as ir
 
         from graph_rewrites.static_shapes import specialize
 
         (b, s), n = feeds["input_ids"].shape, feeds["attention_mask"].shape[1]
-        out = m.work / f"{m.name}.{m.dtype}.{self.file_name}_static.{b}x{s}x{n}.onnx"
+        out = m.work / f"{self.path.stem}_static.{b}x{s}x{n}.onnx"
         stamp = str(self.path.stat().st_mtime_ns)
         if done(out) and out.with_name(out.name + ".done").read_text() == stamp:
             return out
-        model = ir.load(str(self.path))  # a fresh copy: specialize works in place
-        left = specialize(model, {k: list(v.shape) for k, v in feeds.items()})
+        shapes = {k: list(v.shape) for k, v in feeds.items()}
+        model = self.load_for(shapes)  # a fresh copy: specialize works in place
+        left = specialize(model, shapes)
         if left:
             raise RuntimeError(f"{len(left)} shape node(s) left after specialisation: {', '.join(left[:4])}")
-        ir.save(model, str(out), external_data=out.name + ".data" if m.big else None)
+        ir.save(model, str(out))  # external weights stay references to the model's data file, beside it
         del model
         mark_done(out, stamp)
         return out
+
+    def load_for(self, shapes: dict):
+        import onnx_ir as ir
+
+        return ir.load(str(self.path))
 
     def runner(self, m, feeds):
         out = self.specialized(m, feeds)
         self.sess = None  # one shape's session at a time
         self.sess = self.session(m, out)
         return super().runner(m, feeds)
+
+
+class OrtOpset23Static(_PerShape, OrtOpset23):
+    """ORT on the opset-23 export (its Attention, RMSNormalization, RotaryEmbedding) specialised per shape."""
+
+    name = "ort_opset23_static"
+
+
+class OrtOpset23StaticCudaGraph(OrtOpset23Static):
+    """The same with ORT's CUDA graphs: FACTS.md's best ORT configuration, which ORT refuses to capture on the
+    dynamic cache export (ort_opset23_cuda_graph's rows say why)."""
+
+    name, cuda_graph = "ort_opset23_static_cuda_graph", True
+
+
+class OrtOptimizerStatic(_PerShape, OrtOptimizer):
+    """ORT's transformers optimizer (GPT-2) on its model specialised per shape."""
+
+    name = "ort_optimizer_static"
+
+    def load_for(self, shapes):
+        """The optimizer's model with every value's shape inferred for these input shapes by ORT's own symbolic
+        shape inference, which knows its contrib ops (SkipLayerNormalization, FastGelu): the folder cannot see
+        through them, and the Shape nodes read from their outputs would stay."""
+        import onnx
+        import onnx_ir as ir
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        proto = onnx.load(str(self.path))
+        for value in proto.graph.input:
+            if value.name in shapes:
+                for dim, size in zip(value.type.tensor_type.shape.dim, shapes[value.name]):
+                    dim.Clear()
+                    dim.dim_value = size
+        return ir.from_proto(SymbolicShapeInference.infer_shapes(proto, auto_merge=True))
+
+
+class OrtOptimizerStaticCudaGraph(OrtOptimizerStatic):
+    name, cuda_graph = "ort_optimizer_static_cuda_graph", True
+
+
+class OrtTritonStatic(_PerShape, OrtTriton):
+    """ort_triton on the fused model specialised for each shape (see _PerShape)."""
+
+    name = "ort_triton_static"
 
 
 class OrtTritonCudaGraph(OrtTritonStatic):
@@ -356,6 +410,18 @@ class OrtTritonNoQkvRotaryCacheStatic(OrtTritonStatic):
 
 class OrtTritonNoQkvRotaryCacheCudaGraph(OrtTritonNoQkvRotaryCacheStatic):
     name, cuda_graph = "ort_triton_no_qrc_cuda_graph", True
+
+
+class OrtTritonTransposedWeightStatic(OrtTritonStatic):
+    """ort_triton_static with transposed_weight (off by default until timed): an unaligned lm_head (GPT-2's)
+    as a Gemm on its transposed weight. Beside ort_triton_static (bench.ab) it measures what the rule buys.
+    Opt-in, as is its CUDA-graph twin."""
+
+    name, file_name, enable = "ort_triton_tw_static", "ort_triton_tw", ("transposed_weight",)
+
+
+class OrtTritonTransposedWeightCudaGraph(OrtTritonTransposedWeightStatic):
+    name, cuda_graph = "ort_triton_tw_cuda_graph", True
 
 
 class _TunedLibrary:
@@ -426,10 +492,13 @@ class TorchCompileCudaGraph(TorchCompile):
 
 
 ALL = {rt.name: rt for rt in (OrtRuntime, OrtOpset23, OrtOpset23CudaGraph, OnnxscriptFusions, OrtOptimizer,
+                              OrtOpset23Static, OrtOpset23StaticCudaGraph, OrtOptimizerStatic,
+                              OrtOptimizerStaticCudaGraph,
                               OrtTriton, OrtTritonStatic, OrtTritonCudaGraph, TorchEager, TorchCompile,
                               TorchCompileCudaGraph, OrtTritonTuned, OrtTritonTunedCudaGraph,
                               OrtTritonUnpackedStatic, OrtTritonUnpackedCudaGraph, OrtTritonNoQkvRotaryCacheStatic,
-                              OrtTritonNoQkvRotaryCacheCudaGraph)}
+                              OrtTritonNoQkvRotaryCacheCudaGraph, OrtTritonTransposedWeightStatic,
+                              OrtTritonTransposedWeightCudaGraph)}
 
 
 # ---- the loop -----------------------------------------------------------------------------------------
@@ -481,7 +550,7 @@ def _accuracy(logits: np.ndarray, ref: np.ndarray) -> dict:
 
 def bench(model: str, prefill, decode, runtimes, *, dtype="float16", device="cuda", warmup=5, iters=30,
           log=print, save=None, work=None, profile=False) -> list[dict]:
-    """save(rows) is called after every runtime: a run cut short keeps what it measured. work: a directory
+    """save(rows) is called after every row and runtime: a run cut short keeps what it measured. work: a directory
     whose exports and fused models are kept and reused by the next run (default: a temporary one).
     profile: also trace each timed shape's kernels (CUPTI, after the timing) into the row's `gpu_profile`."""
     gpu, versions = environment(device)
@@ -503,7 +572,7 @@ def bench(model: str, prefill, decode, runtimes, *, dtype="float16", device="cud
         for name in runtimes:
             rt = ALL[name]()
             base = dict(model=model, dtype=dtype, runtime=name, gpu=gpu, versions=versions,
-                        export={"exporter": "torchscript" if name == "ort_optimizer" else "dynamo",
+                        export={"exporter": "torchscript" if name.startswith("ort_optimizer") else "dynamo",
                                 "opset": 23 if "opset23" in name else None, "attn_implementation": "sdpa"})
             reason = rt.available(m)
             if reason:
@@ -542,6 +611,8 @@ def bench(model: str, prefill, decode, runtimes, *, dtype="float16", device="cud
                 del run
                 rows.append(row)
                 log(_line(row))
+                if save:  # after every row: a run cut short (a device call's time limit) keeps what it measured
+                    save(rows)
                 if "gpu_profile" in row:
                     log("\n".join("      " + line for line in summary_lines(row["gpu_profile"])))
             rt.stop()

@@ -48,3 +48,68 @@ def test_a_work_directory_is_reused(tmp_path):
     assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == made  # nothing written again
     assert [r["status"] for r in second] == ["ok", "ok"]
     assert second[1]["info"] == first[1]["info"] and "rms_norm" in second[1]["info"]
+
+
+def test_ort_runtimes_on_the_per_shape_model(tmp_path):
+    """ORT's own runtimes on the model specialised per shape (what lets ORT capture its CUDA graphs on the cache
+    exports): the opset-23 export (ONNX Attention, RMSNormalization, RotaryEmbedding) specialised for a prefill and
+    a decode shape gives the float32 module's logits, and the CUDA-graph twin is a skipped row on the CPU."""
+    rows = decoder.bench("llama-tiny", [(2, 9)], [(1, 20)], ["ort_opset23_static", "ort_opset23_static_cuda_graph"],
+                         dtype="float32", device="cpu", warmup=1, iters=2, log=lambda s: None, work=tmp_path)
+    by = {(r["runtime"], r["phase"]): r for r in rows}
+    for phase in ("prefill", "decode"):
+        r = by[("ort_opset23_static", phase)]
+        assert r["status"] == "ok" and r["rel_diff_last_logits"] < 1e-5 and r["top1_agreement"] == 1.0, r
+        assert r["export"]["opset"] == 23
+        skipped = by[("ort_opset23_static_cuda_graph", phase)]
+        assert skipped["status"] == "skipped" and "CUDA graphs need --device cuda" in skipped["error"]
+    made = sorted(p.name for p in tmp_path.glob("*_static.*.onnx"))
+    assert made == ["llama-tiny.float32.opset23_static.1x1x21.onnx", "llama-tiny.float32.opset23_static.2x9x9.onnx"]
+
+
+def test_ort_optimizer_on_the_per_shape_model():
+    """GPT-2 through ORT's transformers optimizer, specialised per shape: its contrib ops' output shapes come
+    from ORT's symbolic shape inference, so no Shape node is left, and the logits stay the module's."""
+    rows = decoder.bench("gpt2-tiny", [(2, 9)], [(1, 20)], ["ort_optimizer_static"], dtype="float32", device="cpu",
+                         warmup=1, iters=2, log=lambda s: None)
+    assert len(rows) == 2
+    for r in rows:
+        assert r["status"] == "ok" and r["rel_diff_last_logits"] < 1e-5 and r["top1_agreement"] == 1.0, r
+        assert "SkipLayerNormalization" in r["info"] and r["export"]["exporter"] == "torchscript"
+
+
+def test_a_per_shape_model_references_the_weights_file(tmp_path):
+    """A model whose weights are in a data file (a 1B model's 2.2 GB) is specialised without copying them: the
+    per-shape file references the same data file, stays small, and runs to the same logits."""
+    import numpy as np
+    import onnx_ir as ir
+
+    m = decoder.Model("llama-tiny", "float32", "cpu", tmp_path)
+    external = tmp_path / "external.onnx"
+    ir.save(ir.load(str(m.export("default"))), str(external), external_data="external.onnx.data")
+
+    class OnTheExternalFile(decoder.ALL["ort_opset23_static"]):
+        def model_file(self, m):
+            return external
+
+    rt = OnTheExternalFile()
+    rt.start(m)
+    feeds = m.feeds("decode", 1, 20)
+    logits = rt.runner(m, feeds).logits()
+    import onnx
+
+    def weights(path):  # initializer name -> its data file, "" when inline
+        model = onnx.load(str(path), load_external_data=False)
+        return {t.name: next((e.value for e in t.external_data if e.key == "location"), "")
+                for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT and t.ByteSize() > 1024
+                or t.data_location == onnx.TensorProto.EXTERNAL}
+
+    source = weights(external)
+    assert len(source) > 10 and set(source.values()) == {"external.onnx.data"}
+    specialised = weights(tmp_path / "external_static.1x1x21.onnx")
+    assert specialised and set(specialised.values()) == {"external.onnx.data"}  # no weight inline
+    assert set(specialised) <= set(source)
+    assert sorted(p.name for p in tmp_path.glob("*.data")) == ["external.onnx.data"]  # no copy of the weights
+    plain = decoder.ALL["ort_stock"]()
+    plain.start(m)
+    np.testing.assert_allclose(logits, plain.runner(m, feeds).logits(), rtol=1e-5, atol=1e-5)

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Session 15's GPU calls (carry [".ortgpu", ".ortinc"], start with `source .ortgpu/activate.sh &&`): issue 5's
+# side-by-side run, every peer the issue names, at every shape it names. STEPS picks them, each bounded so a
+# call ends inside 10 minutes, and each call writes its rows under $OUT (bench.decoder rewrites its JSON after
+# every runtime, so a step cut short keeps what it measured):
+#   gpt2           GPT-2 small: ORT stock, ORT on the opset-23 export (dynamic, and specialised per shape with
+#                  its CUDA graphs), ORT's transformers optimizer (dynamic, and specialised with CUDA graphs),
+#                  onnxscript's optimize_for_ort, ort_triton with CUDA graphs, torch eager, torch.compile
+#                  (reduce-overhead), bounded by GPT2_TIMEOUT;
+#   llama          Llama-1B: ort_triton with CUDA graphs, ORT's opset-23 export specialised with CUDA graphs, ORT
+#                  stock, ORT opset 23, onnxscript's optimize_for_ort (its GroupQueryAttention nodes: do they
+#                  run?), torch eager, bounded by LLAMA_TIMEOUT;
+#   llama_compile  Llama-1B under torch.compile (reduce-overhead: CUDA graphs), bounded by COMPILE_TIMEOUT;
+#   gpt2_compile   the same for GPT-2 small;
+#   gpt2_profile   GPT-2 small with ort_triton and CUDA graphs, kernel by kernel (bench.decoder --profile) at
+#                  PROFILE_PREFILL (8x512) and PROFILE_DECODE (1x1024), bounded by PROFILE_TIMEOUT;
+#   tw             GPT-2 small with transposed_weight against without (bench.ab, CUDA graphs), bounded by TW_TIMEOUT;
+#   attn           decode attention's blocked merge (branch decode-attention-blocked-merge: merge it first): its
+#                  split GPU tests, then the default config at Llama-1B's heads beside torch sdpa
+#                  (scripts/decode_attention_sweep.py);
+#   summary        ort_triton against the best ORT and the best PyTorch runtime per shape, from every
+#                  decoder_*.json under $OUT (bench.decoder_summary).
+# PREFILL / DECODE override the shapes (default: issue 5's, bench.decoder's defaults).
+source "$(dirname "$0")/gpu_env.sh"
+# decoder MODEL RUNTIMES NAME TIMEOUT: bench.decoder, rows in $OUT/NAME.json, the log in $OUT/NAME.txt
+decoder() {
+  timeout "$4" python3 -m ort_triton.bench.decoder --model "$1" --runtimes "$2" ${PREFILL:+--prefill "$PREFILL"} \
+    ${DECODE:+--decode "$DECODE"} --iters "${ITERS:-30}" --work build/decoder_work --json "$OUT/$3.json" 2>&1 |
+    filter | tee "$OUT/$3.txt" | grep -v "^\s*$" | tail -80
+}
+for step in ${STEPS:-gpt2}; do
+  case $step in
+  gpt2)
+    decoder gpt2-small ort_triton_cuda_graph,ort_stock,ort_opset23,ort_opset23_static_cuda_graph,ort_optimizer,\
+ort_optimizer_static_cuda_graph,onnxscript_fusions,torch_eager,torch_compile_cuda_graph decoder_gpt2-small \
+      "${GPT2_TIMEOUT:-480}" ;;
+  llama)
+    decoder llama-1b ort_triton_cuda_graph,ort_opset23_static_cuda_graph,ort_stock,ort_opset23,onnxscript_fusions,\
+torch_eager decoder_llama-1b "${LLAMA_TIMEOUT:-480}" ;;
+  llama_compile)
+    decoder llama-1b torch_compile_cuda_graph decoder_llama-1b_compile "${COMPILE_TIMEOUT:-480}" ;;
+  gpt2_compile)  # GPT-2 small under torch.compile alone (the gpt2 step's time limit can cut its last runtime)
+    decoder gpt2-small torch_compile_cuda_graph decoder_gpt2-small_compile "${COMPILE_TIMEOUT:-480}" ;;
+  gpt2_profile)  # where GPT-2 small's time goes with ort_triton (CUPTI through the CUDA-graph replays)
+    timeout "${PROFILE_TIMEOUT:-240}" python3 -m ort_triton.bench.decoder --model gpt2-small --prefill "${PROFILE_PREFILL:-8x512}" \
+      --decode "${PROFILE_DECODE:-1x1024}" --runtimes ort_triton_cuda_graph --iters 20 --work build/decoder_work --profile \
+      --json "$OUT/profile_gpt2-small.json" 2>&1 | filter | grep -v "^\s*$" | tail -90 ;;
+  tw)  # GPT-2 small with transposed_weight (the lm_head on W^T, transB=1) against without, alternating rounds
+    timeout "${TW_TIMEOUT:-150}" python3 -m ort_triton.bench.ab --decoder gpt2-small --a ort_triton_cuda_graph \
+      --b ort_triton_tw_cuda_graph --prefill "${TW_PREFILL:-1x512,8x512}" --decode "${TW_DECODE:-1x1024}" --rounds 3 \
+      --iters 20 --warmup 5 --work build/decoder_work --json "$OUT/ab_gpt2-small_tw.json" 2>&1 | filter |
+      tee "$OUT/ab_gpt2-small_tw.txt" | tail -8 ;;
+  attn)  # the blocked merge of decode attention: its GPU tests, then the default config at Llama-1B's heads
+    PYTEST_PATHS="tests/ops/test_causal_attention_kernel.py -k split" TEST_TIMEOUT=${TEST_TIMEOUT:-45} gpu_tests
+    timeout "${ATTN_TIMEOUT:-45}" python3 scripts/decode_attention_sweep.py --shapes 1x1024,1x4096,16x4096 --block-n 128 \
+      --warps 4 --stages 2 --split-target 128 --split-min-keys 256 --json "$OUT/decode_attention_merge.jsonl" 2>&1 |
+      filter | tail -12 ;;
+  summary)
+    python3 -m ort_triton.bench.decoder_summary "$OUT"/decoder_*.json --markdown "$OUT/summary.md" ;;
+  esac
+done
