@@ -25,7 +25,23 @@ past_key's static dims 1 and 3 (the op reads them there at run time) and Nq what
 Reshape keeps B and S and ends in [N, D] (torchscript's computes N as -1: its dim is then what the Split's
 constant width over D leaves); q and k rotated with one cos and sin (the same values, or the same ops over
 them: the opset-23 export computes Cos and Sin again for each RotaryEmbedding) and the same attributes; V
-transposed to heads first; each Concat (past, new) along the sequence; one element type throughout.
+transposed to heads first; each Concat (past, new) along the sequence; one element type throughout. Nodes that
+read a Split part only to compute a head Reshape's shape (GPT-2's torchscript export takes [B, S] by Shape,
+Gather, Unsqueeze, Concat from each part) go with the chain; any other reader of an inner value is a refusal.
+
+qkv_cache, the same walk for a layer without rotary (GPT-2: `enable=["qkv_cache"]`, off by default until timed
+on the GPU):
+
+    q, k, v = Split(QKV + bias, ...)         sizes as above, or equal thirds (opset 18's num_outputs: dynamo)
+    Q             = Transpose(Reshape(q) [B, S, Nq, D], perm=[0, 2, 1, 3])
+    present_key   = Concat(past_key, Transpose(Reshape(k) [B, S, Nkv, D]), axis=2)
+    present_value = Concat(past_value, Transpose(Reshape(v) [B, S, Nkv, D]), axis=2)
+
+becomes QKVCache(x, bias, past_key, past_value) (contract: ort_triton/ops/qkv_cache.py). k and v are told from
+q by their cache Concats, and from each other by the Split's order (the op's second part is appended to its
+past_key input, whatever the model calls it). The bias Add goes into the op where one operand is a constant
+[W] vector of QKV's type, the other [B, S, W] (no broadcast) and nothing else reads the sum; otherwise the op
+reads QKV as it is with a zero bias (graph_rewrites/common.py zero_vector).
 """
 
 from __future__ import annotations
@@ -38,9 +54,10 @@ from onnxscript.rewriter._context import TapeBuilder
 from onnxscript.rewriter._rewrite_rule import RULE_NAME_TAG
 
 from ort_triton.contract import DOMAIN
+from ort_triton.ops.qkv_cache import QKV_CACHE
 from ort_triton.ops.qkv_rotary_cache import QKV_ROTARY_CACHE
 
-from .common import same_dim
+from .common import same_dim, zero_vector
 
 NAME = "qkv_rotary_cache"
 _TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
@@ -157,39 +174,72 @@ def _heads(path: _Path, width: int, d: int) -> int | str:
     return n
 
 
-def _check(split: ir.Node, paths: dict[str, _Path]) -> str | dict:
-    """Why this layer stays as it is, or what the op needs: its inputs and rotary attributes."""
-    q, k, v = paths["q"], paths["k"], paths["v"]
-    # -- the Split: QKV's last axis, constant sizes, q | k | v
+def _split_sizes(split: ir.Node, first: ir.Value) -> list[int] | str:
+    """The widths [q, k, v] the Split cuts QKV's last axis into, or why they are not provably that: a constant
+    sizes input of 3, or none (opset 18's num_outputs, or the outputs' count before it: equal parts of a static
+    width). first: its first output (pack_projections' packed MatMul has no inferred shape: the Split's outputs
+    have one)."""
     qkv = split.inputs[0]
-    # pack_projections' packed MatMul has no inferred shape or type: a Split keeps both, its outputs have them
-    rank = qkv.shape.rank() if qkv.shape is not None else q.part.shape.rank() if q.part.shape is not None else None
+    rank = qkv.shape.rank() if qkv.shape is not None else first.shape.rank() if first.shape is not None else None
     if rank != 3:
         return f"{_desc(split)} splits {qkv.name} of rank {rank}, not QKV [B, S, W]"
     axis = split.attributes.get_int("axis", 0)
     if axis not in (-1, 2):
         return f"{_desc(split)} splits axis {axis}, not the last of QKV [B, S, W]"
     given = split.inputs[1] if len(split.inputs) > 1 else None
-    sizes = ir.convenience.get_const_tensor(given) if given is not None and not given.is_graph_input() else None
+    if given is None:  # equal parts
+        width = qkv.shape[2] if qkv.shape is not None else None
+        if not isinstance(width, int) or width % 3:
+            return f"{_desc(split)} splits {qkv.name} of width {width} in 3 equal parts: not a static multiple of 3"
+        return [width // 3] * 3
+    sizes = ir.convenience.get_const_tensor(given) if not given.is_graph_input() else None
     if sizes is None or sizes.numpy().shape != (3,):
         return f"the sizes of {_desc(split)} are not a constant of 3"
-    sizes = [int(s) for s in sizes.numpy()]
-    order = [{id(p.part): r for r, p in paths.items()}[id(o)] for o in split.outputs]
-    if order != ["q", "k", "v"]:
-        return (f"{_desc(split)} gives {', '.join(order)} in that order (by what reads them); the op reads QKV "
-                "packed q | k | v")
-    # -- the intermediate values go with the nodes: nothing else may read them
-    inner = [(p.part, f"{r}'s part of the Split") for r, p in paths.items()]
-    inner += [(p.reshape.outputs[0], f"{r} in heads") for r, p in paths.items()]
-    inner += [(k.head.outputs[0], "the rotated k"), (v.head.outputs[0], "the transposed v")]
-    for value, what in inner:
+    return [int(s) for s in sizes.numpy()]
+
+
+def _feeds_shapes_only(node: ir.Node, reshapes: list[ir.Node], seen: dict, depth: int = _SAME_DEPTH) -> bool:
+    """Whether all that node computes ends in the shape input of one of `reshapes` (GPT-2's torchscript export
+    takes each head Reshape's [B, S] by Shape, Gather, Unsqueeze and Concat from the part it reshapes): nodes
+    that go with the fusion, collected in seen."""
+    if depth == 0 or node.domain not in ("", "ai.onnx") or node.op_type in _RANDOM:
+        return False
+    if id(node) in seen:
+        return True
+    seen[id(node)] = node
+    for out in node.outputs:
+        if out.is_graph_output():
+            return False
+        for use in out.uses():
+            if not ((use.node in reshapes and use.idx == 1) or _feeds_shapes_only(use.node, reshapes, seen, depth - 1)):
+                return False
+    return True
+
+
+def _inner(paths: dict[str, _Path], new: list[tuple[ir.Value, str]]) -> list[ir.Node] | str:
+    """The intermediate values go with the nodes: nothing else may read the Split's parts (but nodes that only
+    compute the head Reshapes' shapes: returned, to go too), the heads, nor `new` (what each cache Concat
+    appends, with what it is). Or why not."""
+    reshapes = [p.reshape for p in paths.values()]
+    inner = [(p.part, f"{r}'s part of the Split", p.reshape, True) for r, p in paths.items()]
+    inner += [(p.reshape.outputs[0], f"{r} in heads", p.head, False) for r, p in paths.items()]
+    inner += [(value, what, p.concat, False) for (value, what), p in zip(new, (paths["k"], paths["v"]))]
+    shape_nodes: dict = {}
+    for value, what, reader, shapes_ok in inner:
         if value.is_graph_output():
             return f"{value.name} ({what}) is a graph output"
-        readers = [u.node for u in value.uses()]
-        if len(readers) != 1:
-            others = ", ".join(_desc(n) for n in readers[1:])
-            return f"{value.name} ({what}) is also read by {others}"
-    # -- the cache Concats: (past, new) along the sequence of [B, Nkv, P, D]
+        others = [u.node for u in value.uses() if u.node is not reader]
+        if shapes_ok:
+            others = [n for n in others if not _feeds_shapes_only(n, reshapes, shape_nodes)]
+        if others:
+            return f"{value.name} ({what}) is also read by {', '.join(_desc(n) for n in others)}"
+    return list(shape_nodes.values())
+
+
+def _cache(split: ir.Node, paths: dict[str, _Path], sizes: list[int]) -> tuple | str:
+    """(past_key, past_value) of the cache Concats, each (past, new) along the sequence of [B, Nkv, P, D] with
+    static Nkv and D, the head Reshapes and the sizes [Nq D, Nkv D, Nkv D] consistent with them; or why not."""
+    q, k, v = paths["q"], paths["k"], paths["v"]
     for p, name in ((k, "key"), (v, "value")):
         cat, new = p.concat, p.head.outputs[0]
         if len(cat.inputs) != 2:
@@ -218,6 +268,32 @@ def _check(split: ir.Node, paths: dict[str, _Path]) -> str | dict:
         return (f"the sizes of {_desc(split)} are {sizes}, not [Nq D, Nkv D, Nkv D] = {want} (Nq {heads['q']} from "
                 f"{_desc(q.reshape)}, Nkv {nkv} and D {d} from past_key {past_key.name}; k and v reshaped to "
                 f"{heads['k']} and {heads['v']} heads)")
+    return past_key, past_value
+
+
+def _head_perm(head: ir.Node) -> str | None:
+    perm = list(head.attributes.get_ints("perm", []))
+    if perm != [0, 2, 1, 3]:
+        return f"{_desc(head)} has perm {perm}, not [0, 2, 1, 3] (the head transpose)"
+    return None
+
+
+def _check(split: ir.Node, paths: dict[str, _Path]) -> str | dict:
+    """Why this layer stays as it is, or what the op needs: its inputs and rotary attributes, and the nodes
+    that only computed the head Reshapes' shapes (they go too)."""
+    q, k, v = paths["q"], paths["k"], paths["v"]
+    # -- the Split: QKV's last axis, constant sizes, q | k | v
+    sizes = _split_sizes(split, q.part)
+    if isinstance(sizes, str):
+        return sizes
+    order = [{id(p.part): r for r, p in paths.items()}[id(o)] for o in split.outputs]
+    if order != ["q", "k", "v"]:
+        return (f"{_desc(split)} gives {', '.join(order)} in that order (by what reads them); the op reads QKV "
+                "packed q | k | v")
+    found = _inner_and_cache(split, paths, sizes, "the rotated k")
+    if isinstance(found, str):
+        return found
+    shape_nodes, past_key, past_value = found
     # -- q and k rotated alike; v transposed to heads first
     for i, what in ((1, "cos"), (2, "sin")):
         if not _same(q.head.inputs[i], k.head.inputs[i]):
@@ -226,14 +302,14 @@ def _check(split: ir.Node, paths: dict[str, _Path]) -> str | dict:
     attrs = [{a: h.attributes.get_int(a, 0) for a in ("interleaved", "rotary_dim")} for h in (q.head, k.head)]
     if attrs[0] != attrs[1]:
         return f"{_desc(q.head)} has {attrs[0]}, {_desc(k.head)} {attrs[1]}"
-    perm = list(v.head.attributes.get_ints("perm", []))
-    if perm != [0, 2, 1, 3]:
-        return f"{_desc(v.head)} has perm {perm}, not [0, 2, 1, 3] (the head transpose)"
+    bad_perm = _head_perm(v.head)
+    if bad_perm:
+        return bad_perm
     cos, sin = q.head.inputs[1], q.head.inputs[2]
     types = {x.name: x.dtype for x in (q.part, cos, sin, past_key, past_value)}  # q.part: QKV's type
     if len(set(types.values())) != 1 or q.part.dtype not in _TYPES:
         return f"the element types differ or are not float, float16, bfloat16: {types}"
-    return dict(inputs=(qkv, cos, sin, past_key, past_value), attrs=attrs[0])
+    return dict(inputs=(split.inputs[0], cos, sin, past_key, past_value), attrs=attrs[0], dead=shape_nodes)
 
 
 def _drop_dead(graph: ir.Graph, values: list[ir.Value]) -> None:
@@ -250,37 +326,137 @@ def _drop_dead(graph: ir.Graph, values: list[ir.Value]) -> None:
         graph.remove(node, safe=True)
 
 
-def _rewrite(graph: ir.Graph, split: ir.Node, paths: dict[str, _Path], plan: dict) -> None:
+def _rewrite(graph: ir.Graph, name: str, paths: dict[str, _Path], dead: list[ir.Node], make) -> None:
+    """Replace the layer's nodes `dead` by the one node make(op builder) builds, tagged as rule `name`; its
+    outputs take the old ones' names (graph outputs keep theirs), types and shapes."""
     q, k, v = paths["q"], paths["k"], paths["v"]
     op = TapeBuilder()
-    new = QKV_ROTARY_CACHE.node(op, *plan["inputs"], outputs=[True, True, True], **plan["attrs"])
+    new = make(op)
     old = (q.head.outputs[0], k.concat.outputs[0], v.concat.outputs[0])
     (fused,) = op.nodes
-    fused.name = f"{old[1].name}__ot_{NAME}"  # present_key's name: unique
-    fused.metadata_props[RULE_NAME_TAG] = NAME
-    dead = [split, *(n for p in (q, k, v) for n in (p.reshape, p.head)), k.concat, v.concat]
+    fused.name = f"{old[1].name}__ot_{name}"  # present_key's name: unique
+    fused.metadata_props[RULE_NAME_TAG] = name
+    for init in op.initializers:  # a zero bias
+        graph.register_initializer(init)
     inputs = [x for n in dead for x in n.inputs]
-    # new outputs take the old ones' names (graph outputs keep theirs), types and shapes; old nodes go
     ir.convenience.replace_nodes_and_values(graph, v.concat, dead, [fused], list(old), list(new))
     _drop_dead(graph, inputs)
 
 
-def qkv_rotary_cache(model: ir.Model) -> tuple[int, int, list[tuple[str, str]]]:
-    """Fuse every such layer of the main graph. Returns (Splits with the structure, fused, (Split, reason) for
-    each left alone)."""
+def _inner_and_cache(split: ir.Node, paths: dict[str, _Path], sizes, k_desc: str) -> str | tuple:
+    """(the head Reshapes' shape nodes that go with the chain, past_key, past_value), or why not (see _inner and
+    _cache); k_desc names what k's cache Concat reads."""
+    k, v = paths["k"], paths["v"]
+    shape_nodes = _inner(paths, [(k.head.outputs[0], k_desc), (v.head.outputs[0], "the transposed v")])
+    if isinstance(shape_nodes, str):
+        return shape_nodes
+    pasts = _cache(split, paths, sizes)
+    return pasts if isinstance(pasts, str) else (shape_nodes, *pasts)
+
+
+def _chain(split: ir.Node, paths: dict[str, _Path]) -> list[ir.Node]:
+    """The layer's nodes from the Split to the cache Concats."""
+    return [split, *(n for p in paths.values() for n in (p.reshape, p.head)), paths["k"].concat, paths["v"].concat]
+
+
+def _fuse_all(model: ir.Model, name: str, layer, check, make) -> tuple[int, int, list[tuple[str, str]]]:
+    """Every Split of the main graph that `layer` gives paths for is tried; `check` gives a reason to leave it or
+    a plan, and make(op, plan) the fused node. Returns (Splits with the structure, fused, (Split, reason) for each
+    left alone)."""
     graph = model.graph
     tried, fused, refused = 0, 0, []
     for split in [n for n in graph if _std(n, "Split")]:
-        paths = _layer(split)
+        paths = layer(split)
         if paths is None:
             continue
         tried += 1
-        plan = _check(split, paths)
+        plan = check(split, paths)
         if isinstance(plan, str):
             refused.append((split.name or "Split", plan))
             continue
-        _rewrite(graph, split, paths, plan)
+        _rewrite(graph, name, paths, _chain(split, paths) + plan["dead"], lambda op, plan=plan: make(op, plan))
         fused += 1
     if fused:
         graph.sort()  # the op sits where V's Concat was; its inputs (cos, past) may come later in the list
     return tried, fused, refused
+
+
+def qkv_rotary_cache(model: ir.Model) -> tuple[int, int, list[tuple[str, str]]]:
+    """Fuse every such layer of the main graph (see _fuse_all for what it returns)."""
+    return _fuse_all(model, NAME, _layer, _check, lambda op, plan: QKV_ROTARY_CACHE.node(
+        op, *plan["inputs"], outputs=[True] * 3, **plan["attrs"]))
+
+
+# ---- QKVCache: the same layer without rotary (GPT-2), the projection's bias folded in -----------------------------
+
+PLAIN_NAME = "qkv_cache"
+
+
+def _plain_layer(split: ir.Node) -> dict[str, _Path] | None:
+    """The q, k and v paths of a Split whose three parts are each reshaped to heads and transposed (no rotary),
+    two of them then appended to a cache by a Concat: by the Split's order, checked with a reason. None for any
+    other Split (not counted as tried: a no-cache export, QKVRotaryCache's layers, a Split of something else)."""
+    if not _std(split, "Split") or len(split.outputs) != 3:
+        return None
+    paths = [_path(v) for v in split.outputs]
+    if any(p is None or p.head.op_type != "Transpose" for p in paths):
+        return None
+    if sum(p.concat is not None for p in paths) != 2:
+        return None
+    return dict(zip("qkv", paths))
+
+
+def _bias(qkv: ir.Value, width: int) -> tuple[ir.Value, ir.Value | None]:
+    """(x, bias) where QKV = Add(x, bias) with bias a constant [width] of QKV's type and nothing else reading
+    the sum: the Add goes into the op. Else (QKV, None): the op reads QKV as it is, with a zero bias."""
+    add = qkv.producer()
+    if not _std(add, "Add") or len(add.inputs) != 2 or qkv.is_graph_output() or len(qkv.uses()) != 1:
+        return qkv, None
+    for x, b in (add.inputs, reversed(add.inputs)):
+        if b is None or x is None or b.is_graph_input():
+            continue
+        const = ir.convenience.get_const_tensor(b)
+        if const is None or const.numpy().shape != (width,) or b.dtype != qkv.dtype or x.dtype != qkv.dtype:
+            continue
+        if x.shape is not None and x.shape.rank() == 3 and x.shape[2] == width:  # no broadcast in the Add
+            return x, b
+    return qkv, None
+
+
+def _check_plain(split: ir.Node, paths: dict[str, _Path]) -> str | dict:
+    """Why this layer stays as it is, or what QKVCache needs: its inputs, and the nodes that go with the chain
+    (the bias Add, the head Reshapes' shape computations)."""
+    q = paths["q"]
+    sizes = _split_sizes(split, q.part)
+    if isinstance(sizes, str):
+        return sizes
+    if q.concat is not None:  # the two cached parts are k and v, in the Split's order: q must come first
+        roles = ", ".join("a cache Concat" if p.concat is not None else "no cache Concat" for p in paths.values())
+        return (f"{_desc(split)}'s parts go to {roles} in that order; the op reads QKV packed q | k | v (q, the part "
+                "not cached, first)")
+    for p in paths.values():
+        bad_perm = _head_perm(p.head)
+        if bad_perm:
+            return bad_perm
+    found = _inner_and_cache(split, paths, sizes, "the transposed k")
+    if isinstance(found, str):
+        return found
+    shape_nodes, past_key, past_value = found
+    types = {x.name: x.dtype for x in (q.part, past_key, past_value)}  # q.part: QKV's type
+    if len(set(types.values())) != 1 or q.part.dtype not in _TYPES:
+        return f"the element types differ or are not float, float16, bfloat16: {types}"
+    x, bias = _bias(split.inputs[0], sum(sizes))
+    dead = shape_nodes + ([split.inputs[0].producer()] if bias is not None else [])
+    return dict(inputs=(x, bias, past_key, past_value), width=sum(sizes), dead=dead)
+
+
+def _make_plain(op, plan):
+    x, bias, past_key, past_value = plan["inputs"]
+    bias = bias if bias is not None else zero_vector(op, x, plan["width"], "qkv_cache_bias")
+    return QKV_CACHE.node(op, x, bias, past_key, past_value, outputs=[True] * 3)
+
+
+def qkv_cache(model: ir.Model) -> tuple[int, int, list[tuple[str, str]]]:
+    """Fuse every GPT-2-like layer (no rotary) of the main graph into QKVCache (see _fuse_all for what it
+    returns)."""
+    return _fuse_all(model, PLAIN_NAME, _plain_layer, _check_plain, _make_plain)

@@ -32,7 +32,7 @@ from . import rotary as rope
 from . import swiglu as swi
 from . import transposed_weight as tw
 from .pack_projections import pack_projections
-from .qkv_rotary_cache import qkv_rotary_cache
+from .qkv_rotary_cache import qkv_cache, qkv_rotary_cache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +130,10 @@ RULES: tuple[RuleInfo, ...] = (
     RuleInfo("qkv_rotary_cache", "Split(QKV) -> q, k, v heads; TransposeRotary(q), Concat(past_key, "
              "TransposeRotary(k)), Concat(past_value, Transpose(v)) -> QKVRotaryCache", 11, lambda: [],
              run=qkv_rotary_cache),
+    # The same walk for layers without rotary (GPT-2), the c_attn bias Add folded in. Off by default until timed
+    # on the H200 (GPT-2 small decode: seven launches a layer become one); `--enable qkv_cache`.
+    RuleInfo("qkv_cache", "Split(QKV + bias) -> q, k, v heads; Transpose(q), Concat(past_key, Transpose(k)), "
+             "Concat(past_value, Transpose(v)) -> QKVCache", 11, lambda: [], run=qkv_cache, default=False),
     RuleInfo("causal_attention", "softmax(QK'^T*s + causal padding mask)V', GQA repeat_kv, heads merged -> "
              "CausalAttention", 5, lambda: [causal.CausalAttentionRule.rule("causal_attention")]),
     RuleInfo("causal_attention_onnx", "ONNX Attention(Q, K', V', causal padding mask) (opset 23), heads merged -> "

@@ -15,6 +15,8 @@
 #   gpt2_profile   GPT-2 small with ort_triton and CUDA graphs, kernel by kernel (bench.decoder --profile) at
 #                  PROFILE_PREFILL (8x512) and PROFILE_DECODE (1x1024), bounded by PROFILE_TIMEOUT;
 #   tw             GPT-2 small with transposed_weight against without (bench.ab, CUDA graphs), bounded by TW_TIMEOUT;
+#   qkvc_tests     the QKVCache kernel's GPU tests (native and through ORT's CUDA EP);
+#   qkvc           GPT-2 small with qkv_cache against without (bench.ab, CUDA graphs), bounded by QKVC_TIMEOUT;
 #   attn           decode attention's blocked merge (branch decode-attention-blocked-merge: merge it first): its
 #                  split GPU tests, then the default config at Llama-1B's heads beside torch sdpa
 #                  (scripts/decode_attention_sweep.py);
@@ -50,6 +52,13 @@ torch_eager decoder_llama-1b "${LLAMA_TIMEOUT:-480}" ;;
       --b ort_triton_tw_cuda_graph --prefill "${TW_PREFILL:-1x512,8x512}" --decode "${TW_DECODE:-1x1024}" --rounds 3 \
       --iters 20 --warmup 5 --work build/decoder_work --json "$OUT/ab_gpt2-small_tw.json" 2>&1 | filter |
       tee "$OUT/ab_gpt2-small_tw.txt" | tail -8 ;;
+  qkvc_tests)  # the QKVCache kernel natively on CUDA and through ORT's CUDA EP (its launch counted)
+    PYTEST_PATHS="tests/ops/test_qkv_cache_kernel.py" TEST_TIMEOUT=${TEST_TIMEOUT:-60} gpu_tests ;;
+  qkvc)  # GPT-2 small with qkv_cache (one QKVCache a layer) against without, alternating rounds
+    timeout "${QKVC_TIMEOUT:-150}" python3 -m ort_triton.bench.ab --decoder gpt2-small --a ort_triton_cuda_graph \
+      --b ort_triton_qkvc_cuda_graph --prefill "${QKVC_PREFILL:-8x512}" --decode "${QKVC_DECODE:-1x1024,16x1024}" \
+      --rounds 3 --iters 20 --warmup 5 --work build/decoder_work --json "$OUT/ab_gpt2-small_qkvc.json" 2>&1 |
+      filter | tee "$OUT/ab_gpt2-small_qkvc.txt" | tail -8 ;;
   attn)  # the blocked merge of decode attention: its GPU tests, then the default config at Llama-1B's heads
     PYTEST_PATHS="tests/ops/test_causal_attention_kernel.py -k split" TEST_TIMEOUT=${TEST_TIMEOUT:-45} gpu_tests
     timeout "${ATTN_TIMEOUT:-45}" python3 scripts/decode_attention_sweep.py --shapes 1x1024,1x4096,16x4096 --block-n 128 \

@@ -14,6 +14,7 @@ from ort_triton.ops.bias_gelu import BIAS_GELU, BIAS_GELU_TANH
 from ort_triton.ops.embed_layer_norm import EMBED_LAYER_NORM
 from ort_triton.ops.layer_norm import ADD_LAYER_NORM, LAYER_NORM
 from ort_triton.ops.packed_attention import PACKED_MULTI_HEAD_ATTENTION
+from ort_triton.ops.qkv_cache import QKV_CACHE
 from ort_triton.ops.qkv_rotary_cache import QKV_ROTARY_CACHE
 
 RNG = np.random.default_rng(0)
@@ -41,6 +42,9 @@ CASES = {  # op -> (inputs, attributes)
     QKV_ROTARY_CACHE: ([RNG.normal(size=(2, 5, 40)), RNG.normal(size=(1, 1, 5, 4)), RNG.normal(size=(1, 1, 5, 4)),
                         RNG.normal(size=(2, 1, 3, 8)), RNG.normal(size=(2, 1, 3, 8))],
                        {"interleaved": 1, "rotary_dim": 4}),
+    # QKV [2, 5, (3 + 2 * 1) * 8] and its bias, a cache of 3
+    QKV_CACHE: ([RNG.normal(size=(2, 5, 40)), RNG.normal(size=40), RNG.normal(size=(2, 1, 3, 8)),
+                 RNG.normal(size=(2, 1, 3, 8))], {}),
 }
 
 

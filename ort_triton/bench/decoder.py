@@ -424,6 +424,18 @@ class OrtTritonTransposedWeightCudaGraph(OrtTritonTransposedWeightStatic):
     name, cuda_graph = "ort_triton_tw_cuda_graph", True
 
 
+class OrtTritonQkvCacheStatic(OrtTritonStatic):
+    """ort_triton_static with qkv_cache (off by default until timed): GPT-2's bias Add, Split, head Transposes and
+    cache Concats of a layer as one QKVCache. Beside ort_triton_static (bench.ab) it measures what the rule buys.
+    Opt-in, as is its CUDA-graph twin."""
+
+    name, file_name, enable = "ort_triton_qkvc_static", "ort_triton_qkvc", ("qkv_cache",)
+
+
+class OrtTritonQkvCacheCudaGraph(OrtTritonQkvCacheStatic):
+    name, cuda_graph = "ort_triton_qkvc_cuda_graph", True
+
+
 class _TunedLibrary:
     """The same fused model with the library of a tuning table ($ORT_TRITON_TUNED_LIBRARY, built with
     `ort-triton build --tuning`): what tuning buys, beside the default library in one run (opt-in)."""
@@ -498,7 +510,7 @@ ALL = {rt.name: rt for rt in (OrtRuntime, OrtOpset23, OrtOpset23CudaGraph, Onnxs
                               TorchCompileCudaGraph, OrtTritonTuned, OrtTritonTunedCudaGraph,
                               OrtTritonUnpackedStatic, OrtTritonUnpackedCudaGraph, OrtTritonNoQkvRotaryCacheStatic,
                               OrtTritonNoQkvRotaryCacheCudaGraph, OrtTritonTransposedWeightStatic,
-                              OrtTritonTransposedWeightCudaGraph)}
+                              OrtTritonTransposedWeightCudaGraph, OrtTritonQkvCacheStatic, OrtTritonQkvCacheCudaGraph)}
 
 
 # ---- the loop -----------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The Triton kernel behind QKVRotaryCache (contract and maths: ort_triton/ops/qkv_rotary_cache.py)."""
+"""The Triton kernels behind QKVRotaryCache and QKVCache, one body (contracts and maths:
+ort_triton/ops/qkv_rotary_cache.py, ort_triton/ops/qkv_cache.py)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,20 @@ from .rotary import rope_args, rope_rows
 
 
 @triton.jit
-def qkv_rotary_cache_fwd(QKV, COS, SIN, PK, PV, Q, K, V, NQ, NKV, S, P, D, R, cos_b, cos_s, per_pair, interleaved,
-                         n_new, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr):
-    # flat grid, two kinds of program (all offsets int64):
+def qkv_heads_cache(QKV, BIAS, COS, SIN, PK, PV, Q, K, V, NQ, NKV, S, P, D, R, cos_b, cos_s, per_pair, interleaved,
+                    n_new, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr,
+                    ROTARY: tl.constexpr, HAS_BIAS: tl.constexpr):
+    # The body of QKVRotaryCache's kernel (ROTARY: q and k rotated with COS, SIN as Rotary's; BIAS unread) and
+    # of QKVCache's (HAS_BIAS: BIAS [(NQ + 2 NKV) D] added, in fp32, to every row before the one rounding to
+    # the output type; COS, SIN and the rotary scalars unread). Both at once is not an op (the bias would have
+    # to go in before the rotation, into rope_rows' partner load too).
+    # Flat grid, two kinds of program (all offsets int64):
     # - pid < n_new: the new rows, one (s-block, head h of NQ + 2 NKV, batch b) tile, the s-block fastest.
     #   QKV [B, S, NQ + 2 NKV, D] row (b, s, h) -> h < NQ: Q [B, NQ, S, D] row (b, h, s), rotated;
     #   h < NQ + NKV: present_key [B, NKV, P + S, D] row (b, h - NQ, P + s), rotated; else present_value's, as is.
     # - the rest: BLOCK_C elements of one (b, kv head) slab of past_key, then of past_value ([P, D], contiguous),
     #   copied to the start of that slab of present.
+    tl.static_assert(not (ROTARY and HAS_BIAS), "a bias with rotary is not an op")
     pid = tl.program_id(0)
     d64 = tl.full([], 0, tl.int64) + D
     s64 = tl.full([], 0, tl.int64) + S
@@ -32,8 +39,16 @@ def qkv_rotary_cache_fwd(QKV, COS, SIN, PK, PV, Q, K, V, NQ, NKV, S, P, D, R, co
         rows = s_blk * BLOCK_S + tl.arange(0, BLOCK_S)
         rows64 = rows.to(tl.int64)
         x_rows = QKV + ((b * S + rows64) * heads + h) * d64
-        y, mask = rope_rows(x_rows, COS, SIN, b * cos_b + rows64 * cos_s, rows < S, D, R, per_pair, interleaved,
-                            h < NQ + NKV, BLOCK_D)
+        if ROTARY:
+            y, mask = rope_rows(x_rows, COS, SIN, b * cos_b + rows64 * cos_s, rows < S, D, R, per_pair, interleaved,
+                                h < NQ + NKV, BLOCK_D)
+        else:
+            cols = tl.arange(0, BLOCK_D)
+            mask = (rows < S)[:, None] & (cols < D)[None, :]
+            y = tl.load(x_rows[:, None] + cols[None, :], mask=mask, other=0.0)
+            if HAS_BIAS:  # the head's D channels of the bias, one load for the tile's rows
+                bias = tl.load(BIAS + h * d64 + cols, mask=cols < D, other=0.0)
+                y = y.to(tl.float32) + bias.to(tl.float32)[None, :]
         if h < NQ:
             y_rows = Q + ((b * NQ + h) * s64 + rows64) * d64
         elif h < NQ + NKV:
@@ -58,31 +73,80 @@ def qkv_rotary_cache_fwd(QKV, COS, SIN, PK, PV, Q, K, V, NQ, NKV, S, P, D, R, co
         tl.store(dst + offs, tl.load(src + offs, mask=ok), mask=ok)
 
 
-def qkv_rotary_cache(qkv, cos, sin, past_key, past_value, interleaved=0, rotary_dim=0, *, out=None):
-    """Run the kernel on torch tensors (tests, the interpreter, GPU timing); shapes as the contract says.
-    out: (Q, present_key, present_value) buffers a test poisons; the launch is the library's."""
+@triton.jit
+def qkv_rotary_cache_fwd(QKV, COS, SIN, PK, PV, Q, K, V, NQ, NKV, S, P, D, R, cos_b, cos_s, per_pair, interleaved,
+                         n_new, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr):
+    """QKVRotaryCache: the shared body, rotary on, no bias (BIAS: QKV, never read)."""
+    qkv_heads_cache(QKV, QKV, COS, SIN, PK, PV, Q, K, V, NQ, NKV, S, P, D, R, cos_b, cos_s, per_pair, interleaved,
+                    n_new, BLOCK_S, BLOCK_D, BLOCK_C, True, False)
+
+
+@triton.jit
+def qkv_cache_fwd(QKV, BIAS, PK, PV, Q, K, V, NQ, NKV, S, P, D, n_new,
+                  BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr):
+    """QKVCache (ort_triton/ops/qkv_cache.py): the shared body with the bias, no rotary (COS, SIN: BIAS and the
+    rotary scalars 0, never read)."""
+    qkv_heads_cache(QKV, BIAS, BIAS, BIAS, PK, PV, Q, K, V, NQ, NKV, S, P, D, 0, 0, 0, 0, 0,
+                    n_new, BLOCK_S, BLOCK_D, BLOCK_C, False, True)
+
+
+def _check(name, qkv, past_key, past_value):
+    """(Nq, Nkv, D, B, S, P) of a launch's QKV and past, checked as the native planner checks them."""
     import torch
 
     if qkv.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise TypeError(f"qkv_rotary_cache: dtype {qkv.dtype} not supported (float32, float16, bfloat16)")
+        raise TypeError(f"{name}: dtype {qkv.dtype} not supported (float32, float16, bfloat16)")
     if qkv.dim() != 3 or past_key.dim() != 4 or past_value.shape != past_key.shape:
-        raise ValueError(f"qkv_rotary_cache: QKV must be [B, S, (Nq + 2 Nkv) D] and past_key, past_value one "
+        raise ValueError(f"{name}: QKV must be [B, S, (Nq + 2 Nkv) D] and past_key, past_value one "
                          f"[B, Nkv, P, D] shape, got {list(qkv.shape)}, {list(past_key.shape)}, "
                          f"{list(past_value.shape)}")
     nq, nkv, d = heads(qkv.shape, past_key.shape)
     batch, seq, past = qkv.shape[0], qkv.shape[1], past_key.shape[2]
     if past_key.shape[0] != batch:
-        raise ValueError(f"qkv_rotary_cache: past_key's batch {past_key.shape[0]} is not QKV's {batch}")
-    cos, sin, r, w, cos_b, cos_s = rope_args("qkv_rotary_cache", cos, sin, qkv.dtype, batch, seq, d, rotary_dim)
-    qkv, past_key, past_value = qkv.contiguous(), past_key.contiguous(), past_value.contiguous()
-    q, k, v = out if out is not None else (qkv.new_empty(batch, nq, seq, d), qkv.new_empty(batch, nkv, past + seq, d),
-                                           qkv.new_empty(batch, nkv, past + seq, d))
+        raise ValueError(f"{name}: past_key's batch {past_key.shape[0]} is not QKV's {batch}")
+    return nq, nkv, d, batch, seq, past
+
+
+def _grid(nq, nkv, d, batch, seq, past):
+    """(BLOCK_S, BLOCK_D, n_new, programs) as the planner computes them (the specs' blocks by D)."""
     bd = next(b for b in BLOCK_DS if d <= b)
     bs = block_s(bd)
     n_new = triton.cdiv(seq, bs) * (nq + 2 * nkv) * batch
-    grid = n_new + 2 * batch * nkv * triton.cdiv(past * d, BLOCK_C)
+    return bs, bd, n_new, n_new + 2 * batch * nkv * triton.cdiv(past * d, BLOCK_C)
+
+
+def _outputs(qkv, out, nq, nkv, d, batch, seq, past):
+    return out if out is not None else (qkv.new_empty(batch, nq, seq, d), qkv.new_empty(batch, nkv, past + seq, d),
+                                        qkv.new_empty(batch, nkv, past + seq, d))
+
+
+def qkv_rotary_cache(qkv, cos, sin, past_key, past_value, interleaved=0, rotary_dim=0, *, out=None):
+    """Run the kernel on torch tensors (tests, the interpreter, GPU timing); shapes as the contract says.
+    out: (Q, present_key, present_value) buffers a test poisons; the launch is the library's."""
+    nq, nkv, d, batch, seq, past = _check("qkv_rotary_cache", qkv, past_key, past_value)
+    cos, sin, r, w, cos_b, cos_s = rope_args("qkv_rotary_cache", cos, sin, qkv.dtype, batch, seq, d, rotary_dim)
+    qkv, past_key, past_value = qkv.contiguous(), past_key.contiguous(), past_value.contiguous()
+    q, k, v = _outputs(qkv, out, nq, nkv, d, batch, seq, past)
+    bs, bd, n_new, grid = _grid(nq, nkv, d, batch, seq, past)
     if grid:  # S = 0 still copies the past
         qkv_rotary_cache_fwd[(grid,)](
             qkv, cos, sin, past_key, past_value, q, k, v, nq, nkv, seq, past, d, r, cos_b, cos_s, int(w != r),
             int(bool(interleaved)), n_new, BLOCK_S=bs, BLOCK_D=bd, BLOCK_C=BLOCK_C, num_warps=NUM_WARPS)
+    return q, k, v
+
+
+def qkv_cache(qkv, bias, past_key, past_value, *, out=None):
+    """QKVCache's kernel on torch tensors (tests, the interpreter, GPU timing); shapes as its contract says
+    (ort_triton/ops/qkv_cache.py). out: (Q, present_key, present_value) buffers a test poisons."""
+    nq, nkv, d, batch, seq, past = _check("qkv_cache", qkv, past_key, past_value)
+    if bias.shape != (qkv.shape[-1],) or bias.dtype != qkv.dtype:
+        raise ValueError(f"qkv_cache: bias must be [{qkv.shape[-1]}] of QKV's type, got {list(bias.shape)} "
+                         f"{bias.dtype}")
+    qkv, bias = qkv.contiguous(), bias.contiguous()
+    past_key, past_value = past_key.contiguous(), past_value.contiguous()
+    q, k, v = _outputs(qkv, out, nq, nkv, d, batch, seq, past)
+    bs, bd, n_new, grid = _grid(nq, nkv, d, batch, seq, past)
+    if grid:  # S = 0 still copies the past
+        qkv_cache_fwd[(grid,)](qkv, bias, past_key, past_value, q, k, v, nq, nkv, seq, past, d, n_new,
+                               BLOCK_S=bs, BLOCK_D=bd, BLOCK_C=BLOCK_C, num_warps=NUM_WARPS)
     return q, k, v

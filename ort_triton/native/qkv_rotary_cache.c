@@ -1,10 +1,12 @@
-/* qkv_rotary_cache.c: planner and kernel parameters for QKVRotaryCache (contract:
- * ort_triton/ops/qkv_rotary_cache.py; kernel: ort_triton/kernels/qkv_rotary_cache.py).
+/* qkv_rotary_cache.c: planner and kernel parameters for QKVRotaryCache and QKVCache (contracts:
+ * ort_triton/ops/qkv_rotary_cache.py, ort_triton/ops/qkv_cache.py; kernels: ort_triton/kernels/qkv_rotary_cache.py,
+ * one body, its rotary and bias constexpr switches).
  *
- * Inputs:  QKV [B, S, (Nq + 2 Nkv) D]; cos, sin as Rotary's; past_key, past_value [B, Nkv, P, D].
- * Outputs: Q [B, Nq, S, D]; present_key, present_value [B, Nkv, P + S, D].
- * Attributes (contract order): interleaved, rotary_dim (Rotary's, checked by ot_rotary_cos).
- * Dispatch keys: (D, both D and W multiples of 16), Rotary's; consts = (BLOCK_S, BLOCK_D, BLOCK_C).
+ * QKVRotaryCache inputs: QKV [B, S, (Nq + 2 Nkv) D]; cos, sin as Rotary's; past_key, past_value [B, Nkv, P, D].
+ *   Attributes (contract order): interleaved, rotary_dim (Rotary's, checked by ot_rotary_cos).
+ * QKVCache inputs: QKV; bias [(Nq + 2 Nkv) D]; past_key, past_value. No attributes.
+ * Outputs (both): Q [B, Nq, S, D]; present_key, present_value [B, Nkv, P + S, D].
+ * Dispatch keys: (D, both D and W multiples of 16), Rotary's (QKVCache: W = D); consts = (BLOCK_S, BLOCK_D, BLOCK_C).
  * Grid: one flat axis, n_new = ceil(S / BLOCK_S) * (Nq + 2 Nkv) * B programs for the new rows, then
  * 2 * B * Nkv * ceil(P * D / BLOCK_C) for the copy of the past. */
 #include <limits.h>
@@ -14,21 +16,27 @@
 #include "ot_table.h"
 #include "planner_util.h"
 
-enum { IN_QKV, IN_COS, IN_SIN, IN_PAST_KEY, IN_PAST_VALUE, N_INPUTS };
+/* The two ops' inputs by role: QKVRotaryCache (QKV, cos, sin, past_key, past_value) and QKVCache (QKV, bias,
+ * past_key, past_value); -1 where an op has no such input. */
+typedef struct {
+  const char *name;
+  int qkv, bias, cos, sin, past_key, past_value, n_inputs, n_attrs;
+} qkv_op;
+static const qkv_op QKV_ROTARY = {"QKVRotaryCache", 0, -1, 1, 2, 3, 4, 5, 2};
+static const qkv_op QKV_CACHE = {"QKVCache", 0, 1, -1, -1, 2, 3, 4, 0};
 enum { OUT_Q, OUT_PRESENT_KEY, OUT_PRESENT_VALUE, N_OUTPUTS };
-enum { N_ATTRS = 2 };
 enum { KEY_HEAD_DIM, KEY_ALIGNED, N_KEYS };
 enum { CONST_BLOCK_S, CONST_BLOCK_D, CONST_BLOCK_C };
 
 typedef struct {
-  ot_rotary_shape rope; /* batch, seq, d, r, w, cos strides (heads: Nq) */
+  ot_rotary_shape rope; /* batch, seq, d (heads: Nq); the rotary's r, w, cos strides (QKVCache: r = w = d, 0) */
   int64_t nkv, past;
 } qrc_shape;
 
-static int shape_of(const ot_op *op, const ot_desc *in, const double *attrs, qrc_shape *out, char *err,
-                    size_t err_len) {
-  const ot_desc *qkv = &in[IN_QKV], *pk = &in[IN_PAST_KEY], *pv = &in[IN_PAST_VALUE];
-  const char *qn = op->inputs[IN_QKV].name, *kn = op->inputs[IN_PAST_KEY].name;
+static int shape_of(const ot_op *op, const qkv_op *k, const ot_desc *in, const double *attrs, qrc_shape *out,
+                    char *err, size_t err_len) {
+  const ot_desc *qkv = &in[k->qkv], *pk = &in[k->past_key], *pv = &in[k->past_value];
+  const char *qn = op->inputs[k->qkv].name, *kn = op->inputs[k->past_key].name;
   char a[160], b[160];
   if (qkv->rank != 3 || qkv->dims[0] < 0 || qkv->dims[1] < 0 || qkv->dims[2] < 0) {
     snprintf(err, err_len, "input %s has shape %s; it must be [B, S, (num_heads + 2 * kv_num_heads) * head_dim]", qn,
@@ -42,7 +50,7 @@ static int shape_of(const ot_op *op, const ot_desc *in, const double *attrs, qrc
   }
   if (pv->rank != 4 || memcmp(pv->dims, pk->dims, 4 * sizeof pk->dims[0]) != 0) {
     snprintf(err, err_len, "input %s has shape %s but input %s has shape %s; they must be equal",
-             op->inputs[IN_PAST_VALUE].name, ot_shape_text(pv, a, sizeof a), kn, ot_shape_text(pk, b, sizeof b));
+             op->inputs[k->past_value].name, ot_shape_text(pv, a, sizeof a), kn, ot_shape_text(pk, b, sizeof b));
     return 1;
   }
   const int64_t d = pk->dims[3], nkv = pk->dims[1], width = qkv->dims[2];
@@ -52,27 +60,32 @@ static int shape_of(const ot_op *op, const ot_desc *in, const double *attrs, qrc
              (long long)nkv, (long long)d, kn, ot_shape_text(pk, b, sizeof b));
     return 1;
   }
+  if (k->bias >= 0 && ot_check_vector(op, in, k->bias, width, err, err_len)) return 1; /* [(Nq + 2 Nkv) D] */
   out->nkv = nkv, out->past = pk->dims[2];
   out->rope.batch = qkv->dims[0], out->rope.seq = qkv->dims[1], out->rope.d = d, out->rope.heads = width / d - 2 * nkv;
-  return ot_rotary_cos(op, in, IN_QKV, IN_COS, IN_SIN, attrs, &out->rope, err, err_len);
+  if (k->cos < 0) {
+    out->rope.r = out->rope.w = d, out->rope.cos_b = out->rope.cos_s = 0;
+    return 0;
+  }
+  return ot_rotary_cos(op, in, k->qkv, k->cos, k->sin, attrs, &out->rope, err, err_len);
 }
 
-int ot_qkv_rotary_cache_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_outputs, const double *attrs,
-                             ot_plan *plan, char *err, size_t err_len) {
-  if (n_inputs != N_INPUTS || n_outputs != N_OUTPUTS || op->n_attrs != N_ATTRS) {
+static int plan_qkv(const ot_op *op, const qkv_op *k, const ot_desc *in, int n_inputs, int n_outputs,
+                    const double *attrs, ot_plan *plan, char *err, size_t err_len) {
+  if (n_inputs != k->n_inputs || n_outputs != N_OUTPUTS || op->n_attrs != k->n_attrs) {
     snprintf(err, err_len, "the kernel table gives this op %d inputs, %d outputs and %d attributes, the "
-                           "QKVRotaryCache planner expects 5, 3 and 2; the library is inconsistent, rebuild it",
-             n_inputs, n_outputs, op->n_attrs);
+                           "%s planner expects %d, 3 and %d; the library is inconsistent, rebuild it",
+             n_inputs, n_outputs, op->n_attrs, k->name, k->n_inputs, k->n_attrs);
     return 1;
   }
   qrc_shape sh;
-  if (shape_of(op, in, attrs, &sh, err, err_len)) return 1;
+  if (shape_of(op, k, in, attrs, &sh, err, err_len)) return 1;
   const int64_t d = sh.rope.d, batch = sh.rope.batch, seq = sh.rope.seq, nq = sh.rope.heads;
   const int64_t keys[N_KEYS] = {d, d % 16 == 0 && sh.rope.w % 16 == 0};
   const ot_spec *spec = ot_find_spec(op, keys, N_KEYS, plan->arch);
   if (!spec) {
     snprintf(err, err_len, "head_dim %lld (dim 3 of input %s) is not supported; this library's kernels take "
-                           "head_dim up to %lld", (long long)d, op->inputs[IN_PAST_KEY].name,
+                           "head_dim up to %lld", (long long)d, op->inputs[k->past_key].name,
              op->n_specs ? (long long)op->specs[op->n_specs - 1].key_max[KEY_HEAD_DIM] : 0LL);
     return 1;
   }
@@ -93,7 +106,7 @@ int ot_qkv_rotary_cache_plan(const ot_op *op, const ot_desc *in, int n_inputs, i
       (per_slab && 2 * batch * sh.nkv > limit / per_slab) ||
       s_blocks * heads * batch > limit - 2 * batch * sh.nkv * per_slab) {
     snprintf(err, err_len, "inputs %s %lld x %lld x %lld heads and a cache of %lld need more than 2^31 programs or "
-                           "elements a head; split the batch", op->inputs[IN_QKV].name, (long long)batch,
+                           "elements a head; split the batch", op->inputs[k->qkv].name, (long long)batch,
              (long long)seq, (long long)heads, (long long)sh.past);
     return 1;
   }
@@ -103,25 +116,51 @@ int ot_qkv_rotary_cache_plan(const ot_op *op, const ot_desc *in, int n_inputs, i
   plan->grid[1] = plan->grid[2] = 1;
   plan->values[0] = n_new;
   ot_desc *q = &plan->outputs[OUT_Q], *pk = &plan->outputs[OUT_PRESENT_KEY], *pv = &plan->outputs[OUT_PRESENT_VALUE];
-  *q = in[IN_PAST_KEY];
+  *q = in[k->past_key];
   q->dims[1] = nq, q->dims[2] = seq; /* [B, Nq, S, D] */
-  *pk = in[IN_PAST_KEY];
+  *pk = in[k->past_key];
   pk->dims[2] = sh.past + seq;
   *pv = *pk;
   return 0;
+}
+
+int ot_qkv_rotary_cache_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_outputs, const double *attrs,
+                             ot_plan *plan, char *err, size_t err_len) {
+  return plan_qkv(op, &QKV_ROTARY, in, n_inputs, n_outputs, attrs, plan, err, err_len);
 }
 
 int ot_qkv_rotary_cache_params(const ot_op *op, const ot_plan *plan, const ot_desc *in, void *const *ptrs,
                                const double *attrs, void *storage, void **params) {
   qrc_shape sh;
   char err[8];
-  if (shape_of(op, in, attrs, &sh, err, sizeof err)) return -1; /* the plan has checked them */
+  if (shape_of(op, &QKV_ROTARY, in, attrs, &sh, err, sizeof err)) return -1; /* the plan has checked them */
   const int32_t v[11] = {(int32_t)sh.rope.heads, (int32_t)sh.nkv, (int32_t)sh.rope.seq, (int32_t)sh.past,
                          (int32_t)sh.rope.d, (int32_t)sh.rope.r, (int32_t)sh.rope.cos_b, (int32_t)sh.rope.cos_s,
                          sh.rope.w != sh.rope.r, (int32_t)attrs[OT_ROTARY_INTERLEAVED], (int32_t)plan->values[0]};
   uint64_t *slot = storage;
   int n = 0;
-  for (int i = 0; i < N_INPUTS + N_OUTPUTS; i++) ot_put_param(slot, params, n++, &ptrs[i], sizeof ptrs[i]);
+  for (int i = 0; i < QKV_ROTARY.n_inputs + N_OUTPUTS; i++) /* the inputs, then the outputs */
+    ot_put_param(slot, params, n++, &ptrs[i], sizeof ptrs[i]);
   for (int i = 0; i < 11; i++) ot_put_param(slot, params, n++, &v[i], sizeof v[i]); /* NQ .. n_new */
+  return n;
+}
+
+int ot_qkv_cache_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_outputs, const double *attrs,
+                      ot_plan *plan, char *err, size_t err_len) {
+  return plan_qkv(op, &QKV_CACHE, in, n_inputs, n_outputs, attrs, plan, err, err_len);
+}
+
+int ot_qkv_cache_params(const ot_op *op, const ot_plan *plan, const ot_desc *in, void *const *ptrs,
+                        const double *attrs, void *storage, void **params) {
+  qrc_shape sh;
+  char err[8];
+  if (shape_of(op, &QKV_CACHE, in, attrs, &sh, err, sizeof err)) return -1; /* the plan has checked them */
+  const int32_t v[6] = {(int32_t)sh.rope.heads, (int32_t)sh.nkv, (int32_t)sh.rope.seq, (int32_t)sh.past,
+                        (int32_t)sh.rope.d, (int32_t)plan->values[0]};
+  uint64_t *slot = storage;
+  int n = 0;
+  for (int i = 0; i < QKV_CACHE.n_inputs + N_OUTPUTS; i++) /* the inputs, then the outputs */
+    ot_put_param(slot, params, n++, &ptrs[i], sizeof ptrs[i]);
+  for (int i = 0; i < 6; i++) ot_put_param(slot, params, n++, &v[i], sizeof v[i]); /* NQ, NKV, S, P, D, n_new */
   return n;
 }

@@ -9,6 +9,7 @@ from .causal_attention import CAUSAL_ATTENTION
 from .embed_layer_norm import EMBED_LAYER_NORM
 from .layer_norm import ADD_LAYER_NORM, LAYER_NORM
 from .packed_attention import PACKED_MULTI_HEAD_ATTENTION
+from .qkv_cache import QKV_CACHE
 from .qkv_rotary_cache import QKV_ROTARY_CACHE
 from .rms_norm import ADD_RMS_NORM, RMS_NORM
 from .rotary import ROTARY, TRANSPOSE_ROTARY
@@ -22,4 +23,5 @@ ALL_OPS += (SILU_MUL, ROTARY)
 ALL_OPS += (EMBED_LAYER_NORM,)
 ALL_OPS += (TRANSPOSE_ROTARY,)
 ALL_OPS += (QKV_ROTARY_CACHE,)
+ALL_OPS += (QKV_CACHE,)
 BY_NAME: dict[str, OpContract] = {op.name: op for op in ALL_OPS}

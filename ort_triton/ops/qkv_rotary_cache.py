@@ -64,41 +64,56 @@ def heads(qkv_shape, past_shape) -> tuple[int, int, int]:
     return width // d - 2 * nkv, nkv, d
 
 
+def split_heads(qkv, past_shape):
+    """QKV [B, S, (Nq + 2 Nkv) D] (numpy) as q [B, Nq, S, D], k and v [B, Nkv, S, D]: the split and head
+    transpose QKVRotaryCache and QKVCache share (the references)."""
+    nq, nkv, d = heads(qkv.shape, past_shape)
+    b, s = qkv.shape[:2]
+    parts = np.split(qkv, [nq * d, (nq + nkv) * d], axis=-1)
+    return tuple(t.reshape(b, s, n, d).transpose(0, 2, 1, 3) for t, n in zip(parts, (nq, nkv, nkv)))
+
+
 def reference_qkv_rotary_cache(qkv, cos, sin, past_key, past_value, interleaved=0, rotary_dim=0):
     """float64 numpy reference, step by step as the decomposed graph does it."""
     qkv, past_key, past_value = (np.asarray(a, np.float64) for a in (qkv, past_key, past_value))
-    nq, nkv, d = heads(qkv.shape, past_key.shape)
-    b, s = qkv.shape[:2]
-    q, k, v = np.split(qkv, [nq * d, (nq + nkv) * d], axis=-1)
-    heads_first = lambda t, n: t.reshape(b, s, n, d).transpose(0, 2, 1, 3)
-    (q_rot,) = reference_rotary(heads_first(q, nq), cos, sin, interleaved, rotary_dim)
-    (k_rot,) = reference_rotary(heads_first(k, nkv), cos, sin, interleaved, rotary_dim)
-    return (q_rot, np.concatenate([past_key, k_rot], axis=2),
-            np.concatenate([past_value, heads_first(v, nkv)], axis=2))
+    q, k, v = split_heads(qkv, past_key.shape)
+    (q_rot,) = reference_rotary(q, cos, sin, interleaved, rotary_dim)
+    (k_rot,) = reference_rotary(k, cos, sin, interleaved, rotary_dim)
+    return (q_rot, np.concatenate([past_key, k_rot], axis=2), np.concatenate([past_value, v], axis=2))
+
+
+def heads_body(qkv: str, q_t: str = "q_t") -> list[onnx.NodeProto]:
+    """The body nodes that split `qkv` [B, S, (Nq + 2 Nkv) D] into `q_t` [B, Nq, S, D], k_t and v_t
+    [B, Nkv, S, D] (Split by sizes computed from the shapes, Reshape, Transpose; stock ops of opset 15), Nkv
+    and D from the function's past_key: QKVRotaryCache's and QKVCache's bodies (ort_triton/ops/qkv_cache.py)."""
+    n = helper.make_node
+    ints = lambda name, vals: n("Constant", [], [name], value=helper.make_tensor(name, onnx.TensorProto.INT64,
+                                                                                 [len(vals)], vals))
+    return [
+        ints("two1", [2]), ints("keep_bs", [0, 0, -1]),
+        # sizes [Nq D, Nkv D, Nkv D] from the shapes: Nkv D = past_key's dims 1 x 3, Nq D the rest
+        n("Shape", ["past_key"], ["nkv"], start=1, end=2), n("Shape", ["past_key"], ["d"], start=3),
+        n("Shape", [qkv], ["width"], start=2), n("Mul", ["nkv", "d"], ["kv_w"]),
+        n("Mul", ["kv_w", "two1"], ["kv_w2"]), n("Sub", ["width", "kv_w2"], ["q_w"]),
+        n("Concat", ["q_w", "kv_w", "kv_w"], ["sizes"], axis=0),
+        n("Split", [qkv, "sizes"], ["q", "k", "v"], axis=2),
+        # each to [B, S, N, D] (Reshape's 0 keeps B and S), then heads first
+        n("Concat", ["keep_bs", "d"], ["bsnd"], axis=0),
+        *[node for t in "qkv" for node in (n("Reshape", [t, "bsnd"], [f"{t}4"]),
+                                           n("Transpose", [f"{t}4"], [q_t if t == "q" else f"{t}_t"],
+                                             perm=[0, 2, 1, 3]))],
+    ]
 
 
 def _body(opset: int) -> list[onnx.NodeProto]:
     n = helper.make_node
-    ints = lambda name, vals: n("Constant", [], [name], value=helper.make_tensor(name, onnx.TensorProto.INT64,
-                                                                                 [len(vals)], vals))
-    nodes = [
-        ints("two1", [2]), ints("keep_bs", [0, 0, -1]),
-        # sizes [Nq D, Nkv D, Nkv D] from the shapes: Nkv D = past_key's dims 1 x 3, Nq D the rest
-        n("Shape", ["past_key"], ["nkv"], start=1, end=2), n("Shape", ["past_key"], ["d"], start=3),
-        n("Shape", ["QKV"], ["width"], start=2), n("Mul", ["nkv", "d"], ["kv_w"]),
-        n("Mul", ["kv_w", "two1"], ["kv_w2"]), n("Sub", ["width", "kv_w2"], ["q_w"]),
-        n("Concat", ["q_w", "kv_w", "kv_w"], ["sizes"], axis=0),
-        n("Split", ["QKV", "sizes"], ["q", "k", "v"], axis=2),
-        # each to [B, S, N, D] (Reshape's 0 keeps B and S), then heads first
-        n("Concat", ["keep_bs", "d"], ["bsnd"], axis=0),
-        *[node for t in "qkv" for node in (n("Reshape", [t, "bsnd"], [f"{t}4"]),
-                                           n("Transpose", [f"{t}4"], [f"{t}_t"], perm=[0, 2, 1, 3]))],
+    return [
+        *heads_body("QKV"),
         *rotary_body(opset, "q_t", "Q", prefix="rq_"),
         *rotary_body(opset, "k_t", "k_rot", prefix="rk_"),
         n("Concat", ["past_key", "k_rot"], ["present_key"], axis=2),
         n("Concat", ["past_value", "v_t"], ["present_value"], axis=2),
     ]
-    return nodes
 
 
 QKV_ROTARY_CACHE = OpContract(

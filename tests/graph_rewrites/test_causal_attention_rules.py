@@ -194,19 +194,8 @@ CASES += [("gpt2-tiny", "torchscript", "sdpa", False, None, 0), ("gpt2-tiny", "d
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    built, paths = {}, {}
-
-    def get(name, exporter, impl, cache, opset):
-        if (name, impl) not in built:
-            built[name, impl] = decoders.build(name, attn_implementation=impl)
-        key = (name, exporter, impl, cache, opset)
-        if key not in paths:
-            out = tmp_path_factory.mktemp("-".join(map(str, key))) / "m.onnx"
-            paths[key] = decoders.export(built[name, impl], out, exporter=exporter, cache=cache, opset=opset)
-        return built[name, impl], paths[key]
-
-    return get
+def exported(decoder_exports):
+    return decoder_exports
 
 
 @pytest.mark.slow

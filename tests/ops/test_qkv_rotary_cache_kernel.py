@@ -114,6 +114,11 @@ def plan(lib, shapes, interleaved=0, rotary_dim=0):
 def test_plan_grid_spec_and_outputs(lib, qkv, cos, past, aligned):
     rc, msg = plan(lib, [qkv, cos, cos, past, past])
     assert rc == 0, msg
+    check_plan(msg, qkv, past, aligned)
+
+
+def check_plan(msg: str, qkv, past, aligned) -> None:
+    """The planner's grid (tiles of new rows, then copies of the past), spec and output shapes (QKVCache's too)."""
     b, s, width = qkv
     nkv, p, d = past[1:]
     nq = width // d - 2 * nkv
