@@ -23,6 +23,8 @@
 #   summary        ort_triton against the best ORT and the best PyTorch runtime per shape, from every
 #                  decoder_*.json under $OUT (bench.decoder_summary).
 # PREFILL / DECODE override the shapes (default: issue 5's, bench.decoder's defaults).
+# Still to run (session 15's device time ran out): STEPS="qkvc_tests qkvc tw" in one call (the two GPT-2 rules that
+# are off by default until timed), then, on the branch decode-attention-blocked-merge, STEPS=attn.
 source "$(dirname "$0")/gpu_env.sh"
 # decoder MODEL RUNTIMES NAME TIMEOUT: bench.decoder, rows in $OUT/NAME.json, the log in $OUT/NAME.txt
 decoder() {
