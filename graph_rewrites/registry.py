@@ -27,10 +27,10 @@ from . import embed_layer_norm as eln
 from . import gelu, gemm
 from . import layer_norm as ln
 from . import pack_qkv as pack
+from . import padded_weight as pw
 from . import rms_norm as rms
 from . import rotary as rope
 from . import swiglu as swi
-from . import transposed_weight as tw
 from .pack_projections import pack_projections
 from .qkv_rotary_cache import qkv_cache, qkv_rotary_cache
 
@@ -130,24 +130,26 @@ RULES: tuple[RuleInfo, ...] = (
     RuleInfo("qkv_rotary_cache", "Split(QKV) -> q, k, v heads; TransposeRotary(q), Concat(past_key, "
              "TransposeRotary(k)), Concat(past_value, Transpose(v)) -> QKVRotaryCache", 11, lambda: [],
              run=qkv_rotary_cache),
-    # The same walk for layers without rotary (GPT-2), the c_attn bias Add folded in. Off by default until timed
-    # on the H200 (GPT-2 small decode: seven launches a layer become one); `--enable qkv_cache`.
+    # The same walk for layers without rotary (GPT-2), the c_attn bias Add folded in. On by default since its H200
+    # run (session 16, bench/results/README.md): GPT-2 small decode 1.16x at 1x1024, 1.18x at 16x1024, prefill 8x512
+    # 1.08x, bit-identical logits.
     RuleInfo("qkv_cache", "Split(QKV + bias) -> q, k, v heads; Transpose(q), Concat(past_key, Transpose(k)), "
-             "Concat(past_value, Transpose(v)) -> QKVCache", 11, lambda: [], run=qkv_cache, default=False),
+             "Concat(past_value, Transpose(v)) -> QKVCache", 11, lambda: [], run=qkv_cache),
     RuleInfo("causal_attention", "softmax(QK'^T*s + causal padding mask)V', GQA repeat_kv, heads merged -> "
              "CausalAttention", 5, lambda: [causal.CausalAttentionRule.rule("causal_attention")]),
     RuleInfo("causal_attention_onnx", "ONNX Attention(Q, K', V', causal padding mask) (opset 23), heads merged -> "
              "CausalAttention", 5, lambda: [causal.CausalOnnxAttentionRule.rule("causal_attention_onnx")]),
     RuleInfo("gemm_reshape", "Reshape(Gemm(Reshape(x, [-1, K]), W, b), [..., N]) -> MatMul(x, W) + b "
              "(GPT-2's Conv1D)", 1, lambda: [gemm.GemmReshapeRule.rule("gemm_reshape")], emits="MatMul"),
-    # Last: every rule that reads a MatMul (bias folds, packing, attention) has run; gemm_reshape (stage 1) would
-    # turn the Gemm back into a MatMul. Off by default until timed: session 15's H200 profile found GPT-2 small's
-    # lm_head in cuBLAS's align1 GEMM (2.5 of 4.8 ms at prefill 8x512), but the device time ran out before the
-    # rule itself was timed (STEPS=tw in scripts/gpu_session15.sh).
-    RuleInfo("transposed_weight", "MatMul(x, W [K, N]), N * elem not 16-byte aligned -> Reshape(Gemm(Reshape(x, "
-             "[-1, K]), W^T, transB=1)) (GPT-2's lm_head, vocab 50257)", 12,
-             lambda: [tw.TransposedWeightOfTransposeRule.rule("transposed_weight"),
-                      tw.TransposedWeightRule.rule("transposed_weight")], emits="Gemm", default=False),
+    # Last: every rule that reads a MatMul (bias folds, packing, attention) has run and sees the MatMul as
+    # exported. Session 15's H200 profile found GPT-2 small's lm_head in cuBLAS's align1 GEMM (2.5 of 4.8 ms at
+    # prefill 8x512). On by default since its H200 run (session 16, bench/results/README.md): GPT-2 small prefill
+    # 1.25x at 1x512, 1.58x at 8x512, 1.42x at 1x2048, decode 1.00-1.04x; the Gemm on W^T tried first was slower
+    # (0.87x at prefill).
+    RuleInfo("padded_weight", "MatMul(x, W [K, N]), N * elem not 16-byte aligned -> Slice(MatMul(x, [W | 0] "
+             "[K, N']), ends=[N]) (GPT-2's lm_head, vocab 50257)", 12,
+             lambda: [pw.PaddedWeightOfTransposeRule.rule("padded_weight"),
+                      pw.PaddedWeightRule.rule("padded_weight")], emits="Slice"),
 )
 BY_NAME = {r.name: r for r in RULES}
 

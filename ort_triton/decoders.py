@@ -29,8 +29,8 @@ CONFIGS = {
     # one kv head (MQA: repeat_kv x4); no sliding window: its cache crops to the window, a mask of another shape
     "mistral-tiny": ("MistralConfig", dict(_SMALL, num_key_value_heads=1, sliding_window=None)),
     "qwen2-tiny": ("Qwen2Config", _SMALL),  # q/k/v projections with biases
-    # an odd vocabulary, as GPT-2's 50257: the lm_head's rows unaligned (transposed_weight)
-    "gpt2-tiny": ("GPT2Config", dict(n_embd=128, n_layer=2, n_head=4, vocab_size=509, n_positions=256)),
+    # an odd vocabulary, as GPT-2's 50257: the lm_head's rows unaligned, and wide enough for padded_weight
+    "gpt2-tiny": ("GPT2Config", dict(n_embd=128, n_layer=2, n_head=4, vocab_size=4099, n_positions=256)),
     # partial rotary (16 of 32 dims), LayerNorm, GELU MLP in parallel with attention, biases everywhere
     "phi-tiny": ("PhiConfig", dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
                                    intermediate_size=256, vocab_size=512, max_position_embeddings=256,

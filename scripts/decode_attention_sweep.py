@@ -1,9 +1,13 @@
 """Decode attention launch configs on the GPU: our CausalAttention kernel (one new token over a KV cache) at
 Llama-1B's heads over key block, warps, stages and the split (SPLIT_TARGET programs, SPLIT_MIN_KEYS keys a
 chunk at least), against the library's default config and PyTorch's sdpa (enable_gqa), same inputs, each
-runner replayed in a CUDA graph (triton.testing.do_bench_cudagraph, median).
+runner replayed in a CUDA graph (triton.testing.do_bench_cudagraph, median). --merge times the split's merge
+variants side by side, each config once per variant: `loop` (chunk after chunk, MERGE_BLOCK 0), `blocked` (the
+library's MERGE_BLOCK, ops/causal_attention.py merge_block) or `blockedN` (N chunks at a time, a power of two).
 
     python3 scripts/decode_attention_sweep.py --shapes 1x1024,16x1024,1x4096 --json OUT.jsonl
+    python3 scripts/decode_attention_sweep.py --block-n 128 --warps 4 --stages 2 --split-target 128 \
+        --split-min-keys 256 --merge loop,blocked,blocked16 --json OUT.jsonl
 
 Why: a Llama-1B decode step with CUDA graphs spends 172 us of its 1.27 ms of GPU time in this kernel (two
 launches a layer, 5.4 us each at 1x1024) for 2 MB of cache a layer (session 14's profile). One row per
@@ -23,7 +27,7 @@ def main(argv=None) -> None:
     import triton
 
     from ort_triton.kernels.causal_attention import causal_attention
-    from ort_triton.ops.causal_attention import SPLIT_MIN_KEYS, block_config, split_keys
+    from ort_triton.ops.causal_attention import SPLIT_MIN_KEYS, block_config, merge_block, split_keys
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default="1x1024,16x1024,1x4096,16x4096")
@@ -35,10 +39,15 @@ def main(argv=None) -> None:
     p.add_argument("--stages", default="2,3")
     p.add_argument("--split-target", default="0,128,256,512,1024")
     p.add_argument("--split-min-keys", default="64,128,256")
+    p.add_argument("--merge", default="blocked", help="loop, blocked, blockedN (comma-separated)")
     p.add_argument("--json", required=True)
     args = p.parse_args(argv)
     ints = lambda s: [int(v) for v in s.split(",")]
     nq, nkv, d = args.heads, args.kv_heads, args.head_dim
+    default = block_config(d, "float16", nq // nkv)
+    # MERGE_BLOCK by variant; None: the library's for the config's warps (left to causal_attention)
+    merges = {name: 0 if name == "loop" else int(name[len("blocked"):]) if name != "blocked" else None
+              for name in args.merge.split(",")}
     with open(args.json, "w") as out:  # one row a line, flushed per shape: a cut run keeps what it timed
         for shape in args.shapes.split(","):
             b, t = map(int, shape.split("x"))
@@ -55,7 +64,6 @@ def main(argv=None) -> None:
                 fn()  # compile outside the capture
                 return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
 
-            default = block_config(d, "float16", nq // nkv)
             ours = functools.partial(causal_attention, q, k, v, kb, scale, out=y)
             rows = [dict(config="default", us=1e3 * ms(ours),
                          chunk=split_keys(t, b * nkv, default["BLOCK_N"], default["SPLIT_TARGET"], SPLIT_MIN_KEYS))]
@@ -64,10 +72,14 @@ def main(argv=None) -> None:
             rows.append(dict(config="sdpa", us=1e3 * ms(torch_sdpa)))
             grid = itertools.product(ints(args.block_n), ints(args.warps), ints(args.stages), ints(args.split_target),
                                      ints(args.split_min_keys))
-            for bn, w, st, target, min_keys in grid:
+            for (bn, w, st, target, min_keys), (merge, merge_blk) in itertools.product(grid, merges.items()):
                 if target == 0 and min_keys != ints(args.split_min_keys)[0]:
                     continue  # one pass: the minimum does not matter
+                chunk = split_keys(t, b * nkv, bn, target, min_keys)
+                if not chunk and merge != next(iter(merges)):
+                    continue  # one pass: no merge to compare
                 cfg = dict(BLOCK_N=bn, num_warps=w, num_stages=st, SPLIT_TARGET=target, SPLIT_MIN_KEYS=min_keys)
+                cfg.update({} if merge_blk is None else dict(MERGE_BLOCK=merge_blk))
                 try:
                     got = causal_attention(q, k, v, kb, scale, config=cfg).float()
                     err = (got - ref).abs().max().item()
@@ -75,8 +87,9 @@ def main(argv=None) -> None:
                 except Exception as e:  # noqa: BLE001 (out of shared memory, a config that does not compile)
                     rows.append(dict(config=cfg, error=str(e)[:200]))
                     continue
-                rows.append(dict(config=cfg, us=us, max_abs_diff=err,
-                                 chunk=split_keys(t, b * nkv, bn, target, min_keys)))
+                rows.append(dict(config=cfg, merge=merge if chunk else None,
+                                 merge_block=merge_block(d, default["BLOCK_M"], w) if merge_blk is None else merge_blk,
+                                 us=us, max_abs_diff=err, chunk=chunk, chunks=-(-t // chunk) if chunk else 1))
             cache_bytes = 2 * b * nkv * t * d * 2
             for row in rows:
                 row.update(shape=shape, cache_bytes=cache_bytes)
@@ -90,6 +103,10 @@ def main(argv=None) -> None:
             for row in ok[:5]:
                 print(f"   {row['us']:7.2f} us  {row['gb_s']:6.0f} GB/s  chunk {row['chunk']:5}  {row['config']}  "
                       f"|d| {row['max_abs_diff']:.1e}")
+            best = {m: min((r for r in ok if r["merge"] == m), key=lambda r: r["us"], default=None) for m in merges}
+            split = [f"{m} {r['us']:.2f} us ({r['chunks']} chunks, merge block {r['merge_block']})"
+                     for m, r in best.items() if r]
+            print("   best split by merge: " + (", ".join(split) or "none (no config split this shape)"))
 
 
 if __name__ == "__main__":

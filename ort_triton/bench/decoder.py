@@ -216,8 +216,12 @@ class _Rewritten(OrtRuntime):
     def rewrite(self, m: Model, out: pathlib.Path) -> None:
         raise NotImplementedError
 
+    def key(self) -> str:
+        """The rewrite's name in the work directory: what must differ between two rewrites of one export."""
+        return self.file_name or self.name
+
     def model_file(self, m):
-        out = m.work / f"{m.name}.{m.dtype}.{self.file_name or self.name}.onnx"
+        out = m.work / f"{m.name}.{m.dtype}.{self.key()}.onnx"
         if done(out):  # made by an earlier run in this work directory
             self.info = out.with_name(out.name + ".done").read_text()
         else:
@@ -271,6 +275,21 @@ class OrtTriton(_Rewritten):
     def available(self, m):
         reason = super().available(m)
         return reason if reason or m.device != "cuda" else library_reason()
+
+    def key(self):
+        """The file name and a digest of the rules this runtime runs and of graph_rewrites' source: a work
+        directory kept between runs never hands back a model fused by other rules (a default turned on since, a
+        rule changed)."""
+        import hashlib
+
+        import graph_rewrites
+        from graph_rewrites.registry import select
+
+        digest = hashlib.sha1(" ".join(r.name for r in select(disable=list(self.disable),
+                                                              enable=list(self.enable))).encode())
+        for src in sorted(pathlib.Path(graph_rewrites.__file__).parent.glob("*.py")):
+            digest.update(src.read_bytes())
+        return f"{self.file_name}-{digest.hexdigest()[:10]}"
 
     def rewrite(self, m, out):
         import graph_rewrites
@@ -412,28 +431,28 @@ class OrtTritonNoQkvRotaryCacheCudaGraph(OrtTritonNoQkvRotaryCacheStatic):
     name, cuda_graph = "ort_triton_no_qrc_cuda_graph", True
 
 
-class OrtTritonTransposedWeightStatic(OrtTritonStatic):
-    """ort_triton_static with transposed_weight (off by default until timed): an unaligned lm_head (GPT-2's)
-    as a Gemm on its transposed weight. Beside ort_triton_static (bench.ab) it measures what the rule buys.
-    Opt-in, as is its CUDA-graph twin."""
+class OrtTritonPaddedWeightStatic(OrtTritonStatic):
+    """ort_triton_static with padded_weight (off by default until timed): an unaligned lm_head (GPT-2's) on its
+    weight padded to 16-byte rows, the logits sliced back. Beside ort_triton_static (bench.ab) it measures what
+    the rule buys. Opt-in, as is its CUDA-graph twin."""
 
-    name, file_name, enable = "ort_triton_tw_static", "ort_triton_tw", ("transposed_weight",)
-
-
-class OrtTritonTransposedWeightCudaGraph(OrtTritonTransposedWeightStatic):
-    name, cuda_graph = "ort_triton_tw_cuda_graph", True
+    name, file_name, enable = "ort_triton_pw_static", "ort_triton_pw", ("padded_weight",)
 
 
-class OrtTritonQkvCacheStatic(OrtTritonStatic):
-    """ort_triton_static with qkv_cache (off by default until timed): GPT-2's bias Add, Split, head Transposes and
-    cache Concats of a layer as one QKVCache. Beside ort_triton_static (bench.ab) it measures what the rule buys.
-    Opt-in, as is its CUDA-graph twin."""
-
-    name, file_name, enable = "ort_triton_qkvc_static", "ort_triton_qkvc", ("qkv_cache",)
+class OrtTritonPaddedWeightCudaGraph(OrtTritonPaddedWeightStatic):
+    name, cuda_graph = "ort_triton_pw_cuda_graph", True
 
 
-class OrtTritonQkvCacheCudaGraph(OrtTritonQkvCacheStatic):
-    name, cuda_graph = "ort_triton_qkvc_cuda_graph", True
+class OrtTritonNoQkvCacheStatic(OrtTritonStatic):
+    """ort_triton_static without qkv_cache: GPT-2's bias Add, Split, head Transposes and cache Concats of a layer
+    as ORT's ops, not one QKVCache. Beside ort_triton_static (bench.ab) it measures what the fusion buys. Opt-in,
+    as is its CUDA-graph twin."""
+
+    name, file_name, disable = "ort_triton_no_qkvc_static", "ort_triton_no_qkvc", ("qkv_cache",)
+
+
+class OrtTritonNoQkvCacheCudaGraph(OrtTritonNoQkvCacheStatic):
+    name, cuda_graph = "ort_triton_no_qkvc_cuda_graph", True
 
 
 class _TunedLibrary:
@@ -509,8 +528,8 @@ ALL = {rt.name: rt for rt in (OrtRuntime, OrtOpset23, OrtOpset23CudaGraph, Onnxs
                               OrtTriton, OrtTritonStatic, OrtTritonCudaGraph, TorchEager, TorchCompile,
                               TorchCompileCudaGraph, OrtTritonTuned, OrtTritonTunedCudaGraph,
                               OrtTritonUnpackedStatic, OrtTritonUnpackedCudaGraph, OrtTritonNoQkvRotaryCacheStatic,
-                              OrtTritonNoQkvRotaryCacheCudaGraph, OrtTritonTransposedWeightStatic,
-                              OrtTritonTransposedWeightCudaGraph, OrtTritonQkvCacheStatic, OrtTritonQkvCacheCudaGraph)}
+                              OrtTritonNoQkvRotaryCacheCudaGraph, OrtTritonPaddedWeightStatic,
+                              OrtTritonPaddedWeightCudaGraph, OrtTritonNoQkvCacheStatic, OrtTritonNoQkvCacheCudaGraph)}
 
 
 # ---- the loop -----------------------------------------------------------------------------------------

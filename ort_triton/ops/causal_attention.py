@@ -140,11 +140,13 @@ DECODE_ROWS = 16
 # (tests/aot: test_register_budget covers MultiHeadAttention's; this kernel's were read the same way).
 # Prefill starts from MultiHeadAttention's tiles; at BLOCK_D = 64 its 4 warps spill here (the causal
 # row indices are live too), so 8. fp32 dots are 3xTF32, which holds each operand twice: small tiles
-# (BLOCK_D = 128 spilled 144 bytes at 32 x 32). Left: 8 bytes in the fp16 decode specs at head
-# dim 40 (sm_90) and 80 (sm_80). BLOCK_D = 64 (fp16/bf16) from `ort-triton tune` of Llama-1B on the H200
-# (bench/results/tune-h200/llama-1b.tuning.json): 64 x 64 tiles, 4 warps, 3 stages were 1.53-1.58x the
-# first choice (128 x 64, 8 warps, 2 stages) at prefill 2048 and best or near it at 512; decode's best
-# key block was 128 at every shape (1.13-1.42x).
+# (BLOCK_D = 128 spilled 144 bytes at 32 x 32). The decode specs, with their merge block, spill nothing but 8
+# bytes at head dim 64 (fp16, bf16) on sm_90, where ptxas holds the kernel to 168 registers once the merge is
+# unrolled, at any merge block (test_llama_head_dims_do_not_spill); the library with it was still 1.03-1.04x
+# faster at GPT-2 small's decode (session 16). BLOCK_D = 64 (fp16/bf16) from `ort-triton tune` of Llama-1B on the
+# H200 (bench/results/tune-h200/llama-1b.tuning.json): 64 x 64 tiles, 4 warps, 3 stages were 1.53-1.58x the
+# first choice (128 x 64, 8 warps, 2 stages) at prefill 2048 and best or near it at 512; decode's best key block
+# was 128 at every shape (1.13-1.42x).
 _CONFIGS = {
     ("decode", "half", 32): (16, 64, 4, 2),
     ("decode", "half", 64): (16, 128, 4, 2),  # H200 tuning of Llama-1B (below)
@@ -179,6 +181,25 @@ def block_config(head_dim: int, type_name: str, rows: int) -> dict:
                 SPLIT_TARGET=SPLIT_TARGET if decode else 0)
 
 
+# PHASE 2 merges the chunk states MERGE_BLOCK chunks at a time (kernels/causal_attention.py `_merge_blocked`),
+# their loads issued together; 0 merges them one after another (the first design, kept for the GPU sweep).
+# MERGE_BLOCK chunk tiles of acc (fp32 [BLOCK_M, BLOCK_D] each) held at about 64 registers a thread, so 8 chunks
+# for the fp16 decode spec at head dim 64 (a split makes 2 to ~16 chunks at Llama's and GPT-2's decode shapes;
+# H200, Llama-1B heads, PHASE 2 alone, the Triton JIT's build: 4, 8 and 16 chunks a block 4.2, 4.1, 4.8 us at
+# 5 chunks, 5.5, 5.7, 5.8 at 11, the loop 4.8 and 7.4). Through the AOT library, GPT-2 small's whole decode step
+# with CUDA graphs: 1.027x at 1x1024, 1.040x at 1x4096 against the loop (session 16, bench/results/README.md).
+MERGE_REGISTERS = 64
+
+
+def merge_block(head_dim: int, block_m: int, num_warps: int) -> int:
+    """Chunks PHASE 2 merges at once: a power of two from 2 to 8 whose acc tiles take about MERGE_REGISTERS
+    fp32 registers a thread (BLOCK_D: the head dim rounded up). At most 8: 16 spilled 8 bytes at head dim 32 on
+    sm_80 (ptxas, Triton 3.6)."""
+    block_d = max(16, 1 << (head_dim - 1).bit_length())
+    per_thread = max(1, MERGE_REGISTERS * 32 * num_warps // (block_m * block_d))
+    return max(2, min(8, 1 << (per_thread.bit_length() - 1)))
+
+
 def split_keys(t: int, programs: int, block_n: int, target: int, min_keys: int = SPLIT_MIN_KEYS) -> int:
     """Keys per chunk when `programs` programs stream T keys and a spec aims at `target` programs; 0 for
     one pass (no split asked, enough programs already, or a cache that makes one chunk). A multiple of
@@ -203,9 +224,10 @@ def _spec(type_name: str, keys: tuple[tuple[int, int], ...], cfg: dict) -> Spec:
     d = keys[0][0]
     block_d = max(16, 1 << (d - 1).bit_length())
     split = int(cfg.get("SPLIT_TARGET", 0))
+    merge = int(cfg.get("MERGE_BLOCK", merge_block(d, cfg["BLOCK_M"], cfg["num_warps"])))
     return Spec(
         constexprs={"HEAD_DIM": d, "BLOCK_D": block_d, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"],
-                    "SPLIT_K": split > 0},
+                    "SPLIT_K": split > 0, "MERGE_BLOCK": merge if split > 0 else 0},
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         keys=tuple(keys),
         consts=(cfg["BLOCK_M"], cfg["BLOCK_N"], d, block_d, split, SPLIT_MIN_KEYS),

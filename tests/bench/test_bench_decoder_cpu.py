@@ -43,11 +43,28 @@ def test_a_work_directory_is_reused(tmp_path):
     args = dict(dtype="float32", device="cpu", warmup=1, iters=2, log=lambda s: None, work=tmp_path)
     first = decoder.bench("llama-tiny", [(1, 7)], [], ["ort_stock", "ort_triton"], **args)
     made = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
-    assert any(n.endswith(".default.onnx") for n in made) and any(n.endswith(".ort_triton.onnx.done") for n in made)
+    fused = decoder.ALL["ort_triton"]().key()
+    assert any(n.endswith(".default.onnx") for n in made) and f"llama-tiny.float32.{fused}.onnx.done" in made
     second = decoder.bench("llama-tiny", [(1, 7)], [], ["ort_stock", "ort_triton"], **args)
     assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == made  # nothing written again
     assert [r["status"] for r in second] == ["ok", "ok"]
     assert second[1]["info"] == first[1]["info"] and "rms_norm" in second[1]["info"]
+
+
+def test_the_fused_model_is_keyed_by_its_rules(monkeypatch):
+    """Another rule set (a default turned on or off since the work directory was filled, an ablation's twin)
+    names another fused model, so a kept work directory never hands back a model fused by other rules."""
+    import dataclasses
+
+    from graph_rewrites import registry
+
+    ours, twin = decoder.ALL["ort_triton"](), decoder.ALL["ort_triton_no_qkvc_static"]()
+    assert ours.key().startswith("ort_triton-") and twin.key().startswith("ort_triton_no_qkvc-")
+    before = ours.key()
+    assert before == decoder.ALL["ort_triton_cuda_graph"]().key()  # one model for every runtime of one rule set
+    monkeypatch.setattr(registry, "RULES", tuple(dataclasses.replace(r, default=False) if r.name == "qkv_cache"
+                                                 else r for r in registry.RULES))
+    assert ours.key() != before
 
 
 def test_ort_runtimes_on_the_per_shape_model(tmp_path):

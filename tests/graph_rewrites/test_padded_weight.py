@@ -1,6 +1,6 @@
-"""transposed_weight: a MatMul on a constant weight whose rows are not 16-byte aligned becomes a Gemm on the
-transposed weight (transB=1), the outputs unchanged; the cases it refuses, with their reasons; GPT-2 (odd
-vocabulary) from both exporters, with the rule turned on."""
+"""padded_weight: a MatMul on a constant weight whose rows are not 16-byte aligned becomes a MatMul on the weight
+padded with zero columns and a Slice back to N, the outputs unchanged; the cases it refuses, with their reasons;
+GPT-2 (odd vocabulary) from both exporters, with the rule turned on."""
 
 import numpy as np
 import onnx
@@ -10,8 +10,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import graph_rewrites
 
-RULE = ["transposed_weight"]
-NP = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16}
+RULE = ["padded_weight"]
+NP = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16, TensorProto.INT32: np.int32}
 
 
 def _model(k, n, *, x_shape=("batch", "seq", None), elem=TensorProto.FLOAT, transposed=False, shared=False,
@@ -48,25 +48,36 @@ def _run(model, x):
 
 def _rewritten(model):
     out, rep = graph_rewrites.optimize(model, report=True, only=RULE)
-    return out, rep.rules["transposed_weight"]
+    return out, rep.rules["padded_weight"]
+
+
+def _padded(out):
+    """The rewritten graph's MatMul, Slice and padded weight."""
+    mm = [node for node in out.graph.node if node.op_type == "MatMul"]
+    sl = [node for node in out.graph.node if node.op_type == "Slice"]
+    assert len(mm) == len(sl) == 1 and sl[0].input[0] == mm[0].output[0], [n.op_type for n in out.graph.node]
+    inits = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
+    return mm[0], sl[0], inits
 
 
 @pytest.mark.parametrize("x_shape, x_dims", [(("batch", "seq", None), (2, 3)), ((5, None), (5,)),
                                              ((2, 3, 4, None), (2, 3, 4)), (("rows", None), (7,))])
-@pytest.mark.parametrize("elem", [TensorProto.FLOAT, TensorProto.FLOAT16])
+@pytest.mark.parametrize("elem, n, n_pad", [(TensorProto.FLOAT, 4097, 4100), (TensorProto.FLOAT16, 4097, 4104),
+                                            (TensorProto.FLOAT, 4103, 4104), (TensorProto.FLOAT16, 5003, 5008)])
 @pytest.mark.parametrize("transposed", [False, True])
-def test_unaligned_weight_becomes_a_gemm_on_its_transpose(x_shape, x_dims, elem, transposed):
-    k, n = 16, 13  # 13 elements a row: unaligned in fp32 and fp16; K = 16 aligned in both
+def test_unaligned_weight_is_padded_and_the_output_sliced(x_shape, x_dims, elem, n, n_pad, transposed):
+    k = 16  # aligned in fp32 and fp16; N unaligned (and >= MIN_N), padded to 16 bytes' worth of elements
     model = _model(k, n, x_shape=x_shape, elem=elem, transposed=transposed)
     out, st = _rewritten(model)
     assert st.matched == 1 and not st.refused, st
-    gemms = [node for node in out.graph.node if node.op_type == "Gemm"]
-    assert len(gemms) == 1 and not any(node.op_type in ("MatMul", "Transpose") for node in out.graph.node)
-    assert {a.name: helper.get_attribute_value(a) for a in gemms[0].attribute} == {"transB": 1}
-    inits = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
-    assert inits[gemms[0].input[1]].shape == (n, k)  # the weight stored [N, K]
-    if len(x_dims) == 1:
-        assert not any(node.op_type == "Reshape" for node in out.graph.node)  # a 2-D input needs none
+    mm, sl, inits = _padded(out)
+    assert not any(node.op_type == "Transpose" for node in out.graph.node)
+    w = inits[mm.input[1]]
+    source = numpy_helper.to_array(model.graph.initializer[0])
+    assert w.shape == (k, n_pad) and w.dtype == NP[elem]
+    np.testing.assert_array_equal(w[:, :n], source.T if transposed else source)  # the weight, bit for bit
+    assert not w[:, n:].any()  # zero columns
+    assert [inits[name].tolist() for name in sl.input[1:]] == [[0], [n], [-1]]
     x = np.random.default_rng(0).standard_normal((*x_dims, k)).astype(NP[elem])
     want, got = _run(model, x)[0], _run(out, x)[0]
     assert got.shape == want.shape == (*x_dims, n)
@@ -74,33 +85,34 @@ def test_unaligned_weight_becomes_a_gemm_on_its_transpose(x_shape, x_dims, elem,
     np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol)
 
 
-def test_tied_weight_is_used_as_is():
-    """MatMul(x, Transpose(C)) with C also gathered (a tied lm_head): the Gemm reads C itself, no copy."""
-    model = _model(16, 13, transposed=True, shared=True)
+def test_tied_weight_keeps_its_table():
+    """MatMul(x, Transpose(C)) with C also gathered (a tied lm_head): C stays for the Gather, the MatMul reads a
+    padded C^T (ORT would have folded C^T into a copy of its own)."""
+    model = _model(16, 4097, transposed=True, shared=True)
     out, st = _rewritten(model)
     assert st.matched == 1, st
-    gemm = next(node for node in out.graph.node if node.op_type == "Gemm")
-    assert gemm.input[1] == "c" and [t.name for t in out.graph.initializer if t.data_type == TensorProto.FLOAT] == ["c"]
+    mm, _, inits = _padded(out)
+    assert inits[mm.input[1]].shape == (16, 4100) and "c" in inits
+    assert next(n for n in out.graph.node if n.op_type == "Gather").input[0] == "c"
     x = np.random.default_rng(1).standard_normal((2, 3, 16)).astype(np.float32)
     for a, b in zip(_run(model, x), _run(out, x)):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
 
 
-def test_static_leading_dims_give_a_constant_target():
-    model = _model(16, 13, x_shape=(2, 3, None))
-    out, _ = _rewritten(model)
-    assert not any(node.op_type in ("Shape", "Concat") for node in out.graph.node)
-    x = np.ones((2, 3, 16), np.float32)
-    np.testing.assert_allclose(_run(out, x)[0], _run(model, x)[0], rtol=1e-5)
+def test_the_old_weight_is_dropped():
+    out, _ = _rewritten(_model(16, 4097))
+    assert [list(t.dims) for t in out.graph.initializer if t.data_type == TensorProto.FLOAT] == [[16, 4100]]
 
 
 @pytest.mark.parametrize("case, k, n, elem, expect", [
-    ("aligned", 16, 16, TensorProto.FLOAT, "aligned already"),
+    ("aligned", 16, 4096, TensorProto.FLOAT, "aligned already"),
+    ("narrow", 16, 13, TensorProto.FLOAT, "N=13 < 4096"),
     ("aligned fp16", 16, 24, TensorProto.FLOAT16, "aligned already"),
-    ("K unaligned", 13, 13, TensorProto.FLOAT, "K=13 is not 16-byte aligned either"),
-    ("shared", 16, 13, TensorProto.FLOAT, "read elsewhere"),
-    ("computed", 16, 13, TensorProto.FLOAT, "the weight is computed"),
-    ("rank 1", 16, 13, TensorProto.FLOAT, "rank 2 or more"),
+    ("K unaligned", 13, 4097, TensorProto.FLOAT, "K=13 is not 16-byte aligned either"),
+    ("int32", 16, 4097, TensorProto.INT32, "is not one of float"),
+    ("shared", 16, 4097, TensorProto.FLOAT, "read elsewhere"),
+    ("computed", 16, 4097, TensorProto.FLOAT, "the weight is computed"),
+    ("rank 1", 16, 4097, TensorProto.FLOAT, "rank 2 or more"),
 ])
 def test_refusals_say_why(case, k, n, elem, expect):
     model = _model(k, n, elem=elem, shared=case == "shared", computed=case == "computed",
@@ -110,30 +122,32 @@ def test_refusals_say_why(case, k, n, elem, expect):
     assert [node.op_type for node in out.graph.node] == [node.op_type for node in model.graph.node]
 
 
-def test_off_by_default():
-    out, rep = graph_rewrites.optimize(_model(16, 13), report=True)
-    assert rep.rules.get("transposed_weight") is None or rep.rules["transposed_weight"].matched == 0
-    assert [node.op_type for node in out.graph.node] == ["MatMul"]
+def test_on_by_default_and_disabled_on_request():
+    model = _model(16, 4097)
+    assert [node.op_type for node in graph_rewrites.optimize(model).graph.node] == ["MatMul", "Slice"]
+    out, rep = graph_rewrites.optimize(model, report=True, disable=RULE)
+    assert "padded_weight" not in rep.rules and [node.op_type for node in out.graph.node] == ["MatMul"]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
 def test_gpt2_lm_head(tmp_path, exporter):
-    """GPT-2 tiny (vocabulary 509, odd as GPT-2's 50257), with the cache, every default rule plus this one: the
-    lm_head is the only Gemm, on the transposed (dynamo: the tied embedding table itself) weight, and the
-    outputs equal the original's for a prefill and a decode step."""
+    """GPT-2 tiny (vocabulary 4099, odd as GPT-2's 50257), with the cache, every default rule (this one among them):
+    the lm_head reads the weight padded to 4100 columns (fp32) and is sliced back to 4099, the old [hidden, vocab]
+    weight (torchscript) or the Transpose of the tied table (dynamo) is gone, and the outputs equal the
+    original's for a prefill and a decode step."""
     from ort_triton import decoders
 
     model = decoders.build("gpt2-tiny")
     src = decoders.export(model, tmp_path / "g.onnx", exporter=exporter, cache=True)
-    out, rep = graph_rewrites.optimize(str(src), report=True, enable=RULE)
-    st = rep.rules["transposed_weight"]
-    assert st.matched == 1 and rep.ops_after["Gemm"] == 1, (st, rep.ops_after)
-    gemm = next(node for node in out.graph.node if node.op_type == "Gemm")
+    out, rep = graph_rewrites.optimize(str(src), report=True)
+    st = rep.rules["padded_weight"]
+    assert st.matched == 1, st
     vocab, hidden = model.config.vocab_size, model.config.n_embd
-    w = next(t for t in out.graph.initializer if t.name == gemm.input[1])
-    assert list(w.dims) == [vocab, hidden]
-    assert not [t.name for t in out.graph.initializer if list(t.dims) == [hidden, vocab]]  # the old one dropped
+    inits = {t.name: list(t.dims) for t in out.graph.initializer}
+    padded = [n for n in out.graph.node if n.op_type == "MatMul" and "__ot_padded" in n.input[1]]
+    assert len(padded) == 1 and inits[padded[0].input[1]] == [hidden, 4100], padded
+    assert [hidden, vocab] not in inits.values()  # the old one dropped
     a = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
     b = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
     for batch, seq, past in ((2, 5, 0), (2, 1, 4)):
