@@ -4,7 +4,8 @@ zero columns, then a Slice back to N.
     MatMul(x [..., K], W [K, N])             ->  Slice(MatMul(x, [W | 0] [K, N']), ends=[N], axes=[-1])
     MatMul(x [..., K], Transpose(C [N, K]))  ->  the same with [C^T | 0] (a tied lm_head: C stays for its Gather)
 
-N' is N rounded up to a multiple of 16 bytes of the element type (GPT-2 fp16: 50257 -> 50264).
+N' is N rounded up to a multiple of 8 elements, 16 bytes in fp16 and bf16 (GPT-2: 50257 -> 50264), so that an
+fp32 model stays aligned when `--float16` converts it.
 
 Why: ORT runs MatMul(x, W) as a cuBLAS GEMM that writes rows of N elements and reads W's rows N elements apart.
 When N * element size is not a multiple of 16 bytes (GPT-2's vocabulary, N = 50257) cuBLAS can only take its
@@ -31,6 +32,10 @@ from .common import fresh_name
 
 _TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
 _ALIGN = 16  # bytes: the vector loads cuBLAS's aligned kernels need at the start of every row
+# N is padded to a multiple of 16 bytes of a 2-byte type: aligned in fp16 and bf16, and in an fp32 model too,
+# before and after `ort-triton optimize --float16` converts it (a multiple of 4 elements would be unaligned
+# there again).
+_ELEMS = _ALIGN // 2
 # Below this N the GEMM is small whatever kernel runs it, and the Slice's launch would cost more than it saves
 # (a classifier's 2 or 3 labels); GPT-2's lm_head is 50257 wide.
 MIN_N = 4096
@@ -54,9 +59,9 @@ def _check(result: pattern.MatchResult, x: ir.Value, k: int, n: int, weight: ir.
     if x.shape is None or x.shape.rank() < 2:
         return result.fail(f"the input's shape {x.shape} is not known to have rank 2 or more", x), None
     size = int(x.dtype.itemsize)
-    if (n * size) % _ALIGN == 0:
-        return result.fail(f"N={n}: the rows are {_ALIGN}-byte aligned already (cuBLAS's aligned kernels)",
-                           weight), None
+    if n % _ELEMS == 0:
+        return result.fail(f"N={n}: the rows are {_ALIGN}-byte aligned already, in fp16 too (cuBLAS's "
+                           "aligned kernels)", weight), None
     if n < MIN_N:
         return result.fail(f"N={n} < {MIN_N}: a GEMM this narrow gains less than the Slice's launch costs",
                            weight), None
@@ -64,8 +69,7 @@ def _check(result: pattern.MatchResult, x: ir.Value, k: int, n: int, weight: ir.
         return result.fail(f"K={k} is not {_ALIGN}-byte aligned either: padding N gains nothing", weight), None
     if isinstance(x.shape[-1], int) and x.shape[-1] != k:
         return result.fail(f"the input's last dim {x.shape[-1]} is not the weight's K={k}", x), None
-    per = _ALIGN // size
-    return result, -(-n // per) * per
+    return result, -(-n // _ELEMS) * _ELEMS
 
 
 def _padded_matmul(op, x: ir.Value, w_kn: np.ndarray, n_pad: int, base: str, out: ir.Value) -> ir.Value:
