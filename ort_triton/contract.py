@@ -82,6 +82,9 @@ class Spec:
     divisible_by_16: tuple[str, ...] = ()  # int/pointer arguments promised to be multiples of 16
     # (num_warps, num_stages) for GPUs before sm_90, where a tile tuned for Hopper's wgmma can spill
     pre_hopper: tuple[int, int] | None = None
+    # ptxas' register cap a thread (PTX .maxnreg); None: ptxas' own choice. Fewer registers fit more programs on
+    # an SM, which pays where a kernel streams memory from many programs (a decode step's long caches).
+    maxnreg: int | None = None
 
     def launch(self, arch: int) -> tuple[int, int]:
         """(num_warps, num_stages) this spec compiles with for `arch`."""

@@ -2,8 +2,8 @@
 
 `triton.compile` with an explicit GPUTarget needs no GPU (Triton ships ptxas). The cache key covers the
 kernel source (the files of the kernel and of every Triton function it can reach), the specialisation,
-the launch options, the Triton version and the arch, so a rebuild after one change recompiles the kernels
-of the files that changed.
+the launch options (the register cap too), the Triton version and the arch, so a rebuild after one change
+recompiles the kernels of the files that changed.
 
 Why not Triton's own `JITFunction.cache_key`: in Triton 3.6 it depends on what was hashed before it in the
 process (CausalAttention's kernel, which calls kernels/attention.py's `_attend`, hashed differently after
@@ -49,6 +49,7 @@ class Job:
             "constexprs": self.spec.constexprs,
             "div16": self.spec.divisible_by_16,
             "launch": self.spec.launch(self.arch),
+            "maxnreg": self.spec.maxnreg,
             "triton": triton.__version__,
             "arch": self.arch,
         }, sort_keys=True)
@@ -97,7 +98,10 @@ def compile_job(job: Job, cache_dir: pathlib.Path) -> Compiled:
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in job.spec.divisible_by_16}
     src = ASTSource(fn, job.signature(), constexprs=dict(job.spec.constexprs), attrs=attrs)
     warps, stages = job.spec.launch(job.arch)
-    k = triton.compile(src, target=GPUTarget("cuda", job.arch, 32), options={"num_warps": warps, "num_stages": stages})
+    options = {"num_warps": warps, "num_stages": stages}
+    if job.spec.maxnreg is not None:
+        options["maxnreg"] = job.spec.maxnreg
+    k = triton.compile(src, target=GPUTarget("cuda", job.arch, 32), options=options)
     md = k.metadata
     # The native launcher passes NULL for Triton's global/profile scratch: refuse kernels that need them
     # rather than ship one that would scribble over address 0.

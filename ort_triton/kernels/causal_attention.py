@@ -224,8 +224,8 @@ def causal_attention(q, k, v, key_bias, scale, masked_rows=0, *, out=None, confi
     """Y [B, S, Nq*D] for q [B, Nq, S, D], k and v [B, Nkv, T, D] (T >= S, Nq % Nkv == 0), key_bias [B, T]
     (all one dtype). `out` lets a test hand in a poisoned buffer; `config` overrides block_config's
     BLOCK_M, BLOCK_N, num_warps, num_stages and SPLIT_TARGET (tests use small blocks so several blocks run,
-    and SPLIT_MIN_KEYS small so that short caches split into several chunks), and MERGE_BLOCK (merge_block's
-    by default; 0: the chunk-by-chunk merge). The launches are the
+    and SPLIT_MIN_KEYS small so that short caches split into several chunks), MERGE_BLOCK (merge_block's
+    by default; 0: the chunk-by-chunk merge) and maxnreg (ptxas' register cap, as a spec's). The launches are the
     library's (native/causal_attention.c): one pass, or the chunks then their merge."""
     import torch
 
@@ -267,7 +267,7 @@ def causal_attention(q, k, v, key_bias, scale, masked_rows=0, *, out=None, confi
             q, k, v, key_bias, y, ws, nq, nkv, s, t, float(scale), int(masked_rows), split, phase,
             HEAD_DIM=d, BLOCK_D=cfg["BLOCK_D"], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
             SPLIT_K=cfg["SPLIT_TARGET"] > 0, MERGE_BLOCK=merge, num_warps=cfg["num_warps"],
-            num_stages=cfg["num_stages"])
+            num_stages=cfg["num_stages"], **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}))
 
     if not chunk:  # one pass (the workspace pointer unused, as the library's NULL)
         launch(torch.empty(1, dtype=torch.float32, device=q.device), cfg["BLOCK_N"], 0, programs)

@@ -219,8 +219,8 @@ def workspace_floats(programs: int, n_split: int, block_m: int, block_d: int) ->
 
 
 def _spec(type_name: str, keys: tuple[tuple[int, int], ...], cfg: dict) -> Spec:
-    """The spec of a config (tiles, launch options, split target) for the key ranges ((D, D), (rows lo,
-    rows hi), (B * Nkv lo, hi), (T lo, hi))."""
+    """The spec of a config (tiles, launch options, split target, and `maxnreg`, ptxas' register cap, when
+    the config names one) for the key ranges ((D, D), (rows lo, rows hi), (B * Nkv lo, hi), (T lo, hi))."""
     d = keys[0][0]
     block_d = max(16, 1 << (d - 1).bit_length())
     split = int(cfg.get("SPLIT_TARGET", 0))
@@ -232,6 +232,7 @@ def _spec(type_name: str, keys: tuple[tuple[int, int], ...], cfg: dict) -> Spec:
         keys=tuple(keys),
         consts=(cfg["BLOCK_M"], cfg["BLOCK_N"], d, block_d, split, SPLIT_MIN_KEYS),
         divisible_by_16=("Q", "K", "V", "KB", "Y", "WS"),
+        maxnreg=cfg.get("maxnreg"),
     )
 
 
@@ -243,6 +244,10 @@ def _specs(type_name: str) -> list[Spec]:
 
 # ---- tuning (ort-triton tune) -------------------------------------------------------------------------
 _TUNED = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "SPLIT_TARGET")
+# The register cap a decode candidate may carry: ptxas gives the fp16 decode spec at head dim 64 168 registers
+# on sm_90 (3 programs of 4 warps an SM), 128 fits 4. A Triton JIT build that happened to take 168 ran PHASE 1
+# at GPT-2's 12 heads, 16x4096 in 58 us against 82 with 229 (session 16, not yet an A/B of the AOT library).
+DECODE_MAXNREG = 128
 
 
 def _tune_keys(type_name: str, shapes: list, attrs: dict, n_outputs: int = 1) -> tuple[int, ...]:
@@ -265,10 +270,15 @@ def _tune_candidates(type_name: str, keys: tuple[int, ...], arch: int) -> list[d
     builtin = {k: v for k, v in block_config(d, type_name, rows).items() if k in _TUNED}
     half = type_name != "float"
     ns = (32, 64, 128) if half else (16, 32, 64)
-    if rows <= DECODE_ROWS:  # a decode kernel streams the cache: one tile height, 4 warps, the split
+    if rows <= DECODE_ROWS:  # a decode kernel streams the cache: one tile height, 4 warps, the split, and
+        # ptxas' register cap (DECODE_MAXNREG: more programs an SM, for the long caches of a large batch)
         tiles = tile_candidates(builtin, (16,), ns, warps=(4,))
-        return [builtin] + [c for c in (dict(t, SPLIT_TARGET=target) for target in (0, 128, 256, 512)
-                                        for t in tiles) if c != builtin]
+        configs = [builtin] + [dict(t, SPLIT_TARGET=target) for target in (0, 128, 256, 512) for t in tiles]
+        configs += [dict(c, maxnreg=DECODE_MAXNREG) for c in configs]
+        unique: dict[tuple, dict] = {}  # each once, first come first (a tile with a target can repeat one)
+        for c in configs:
+            unique.setdefault(tuple(sorted(c.items())), c)
+        return list(unique.values())
     ms = (32, 64, 128) if half else (16, 32)
     return [dict(c, SPLIT_TARGET=0) for c in tile_candidates(
         {k: v for k, v in builtin.items() if k != "SPLIT_TARGET"}, ms, ns)]

@@ -199,6 +199,18 @@ def test_library_blocks_split_past_the_merge_block(dtype, d):
     _check(_run(q, k, v, kb, d**-0.5, 0, config), q, k, v, kb, d**-0.5, 0, dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_split_with_a_register_cap(dtype):
+    """A config's maxnreg (ptxas' register cap, a decode tuning candidate) reaches the launch: the same result
+    (on the GPU a capped build; under the interpreter the option is taken and the maths unchanged)."""
+    from ort_triton.ops.causal_attention import DECODE_MAXNREG
+
+    q, k, v = _inputs(2, 8, 2, 1, 300, 64, dtype, seed=7)
+    kb = _padding(2, 300, dtype, float("-inf"), [0, 37], seed=7)
+    config = dict(SPLIT_TARGET=1 << 20, SPLIT_MIN_KEYS=64, BLOCK_N=64, maxnreg=DECODE_MAXNREG)
+    _check(_run(q, k, v, kb, 0.125, 0, config), q, k, v, kb, 0.125, 0, dtype)
+
+
 def test_more_queries_than_one_block_of_heads():
     """G * S just above the decode threshold takes the prefill tiles; at the threshold the decode ones."""
     assert block_config(64, "float16", DECODE_ROWS)["BLOCK_M"] == 16
