@@ -26,6 +26,9 @@
 #                  decoder_*.json under $OUT (bench.decoder_summary).
 # PREFILL / DECODE override the shapes (default: issue 5's, bench.decoder's defaults); GPT2_RUNTIMES the gpt2 step's
 # runtimes (e.g. ours and the peers that were best at some shape, so the call fits in 10 minutes).
+# Next (session 16's device time ran out): STEPS="llama summary" (Llama-1B with the blocked merge; 16x4096 is where
+# decode attention dominates), then `MODEL=llama-1b bash scripts/gpu_tune.sh` (the decode candidates now carry
+# the register cap, DECODE_MAXNREG) or a lib_ab of a tree whose decode config names maxnreg.
 source "$(dirname "$0")/gpu_env.sh"
 # decoder MODEL RUNTIMES NAME TIMEOUT: bench.decoder, rows in $OUT/NAME.json, the log in $OUT/NAME.txt
 decoder() {
