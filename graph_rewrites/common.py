@@ -5,6 +5,11 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+# A `check` failure whose reason starts with this is no refusal: the node was never a candidate (a rule whose
+# pattern is one common op, MatMul, matches every one of them; most fail a condition no user would call a
+# defect). The registry's tracer neither counts it as tried nor lists it among the refusals `optimize -v` prints.
+NOT_A_CANDIDATE = "not a candidate: "
+
 
 def same_dim(a, b) -> bool:
     """Provably equal dims: the same number, or the same named symbol (onnx_ir calls two unknown dims equal,

@@ -19,7 +19,9 @@ Why it is exact: the padded columns are zero weights whose outputs the Slice dro
 same dot product over the same K terms. The Transpose form needs perm [1, 0] (or none: the default reverses
 the two dims). Refused: a weight (or Transpose) also read elsewhere (padding would copy it), a K that is
 unaligned too (x's rows would still be unaligned: nothing to gain), an element type other than float, float16
-and bfloat16, an input of rank < 2, and an N under MIN_N (a small GEMM, whatever its kernel).
+and bfloat16, an input of rank < 2. Not candidates at all (common.NOT_A_CANDIDATE: `optimize -v` lists
+none of them): an aligned N (nearly every MatMul), an N under MIN_N (a small GEMM, whatever its kernel), a
+computed or not 2-D weight.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from .common import fresh_name
+from .common import NOT_A_CANDIDATE, fresh_name
 
 _TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
 _ALIGN = 16  # bytes: the vector loads cuBLAS's aligned kernels need at the start of every row
@@ -52,19 +54,20 @@ def _check(result: pattern.MatchResult, x: ir.Value, k: int, n: int, weight: ir.
     Returns (result, padded N)."""
     if x.dtype not in _TYPES:
         return result.fail(f"element type {x.dtype} is not one of float, float16, bfloat16", x), None
-    if ir.convenience.get_const_tensor(weight) is None:
-        return result.fail("the weight is computed: padding it would cost a Pad every run", weight), None
+    if ir.convenience.get_const_tensor(weight) is None:  # activations x activations (attention's products)
+        return result.fail(NOT_A_CANDIDATE + "the weight is computed: padding it would cost a Pad every run",
+                           weight), None
     if read.is_graph_output() or len(read.uses()) > 1:  # a tied C gathered elsewhere is fine: ORT folds C^T anyway
         return result.fail("the weight is read elsewhere too: padding it would copy it", read), None
     if x.shape is None or x.shape.rank() < 2:
         return result.fail(f"the input's shape {x.shape} is not known to have rank 2 or more", x), None
     size = int(x.dtype.itemsize)
-    if n % _ELEMS == 0:
-        return result.fail(f"N={n}: the rows are {_ALIGN}-byte aligned already, in fp16 too (cuBLAS's "
-                           "aligned kernels)", weight), None
+    if n % _ELEMS == 0:  # nearly every MatMul
+        return result.fail(NOT_A_CANDIDATE + f"N={n}: the rows are {_ALIGN}-byte aligned already, in fp16 too "
+                           "(cuBLAS's aligned kernels)", weight), None
     if n < MIN_N:
-        return result.fail(f"N={n} < {MIN_N}: a GEMM this narrow gains less than the Slice's launch costs",
-                           weight), None
+        return result.fail(NOT_A_CANDIDATE + f"N={n} < {MIN_N}: a GEMM this narrow gains less than the Slice's "
+                           "launch costs", weight), None
     if (k * size) % _ALIGN:
         return result.fail(f"K={k} is not {_ALIGN}-byte aligned either: padding N gains nothing", weight), None
     if isinstance(x.shape[-1], int) and x.shape[-1] != k:
@@ -95,8 +98,9 @@ class PaddedWeightRule(pattern.RewriteRuleClassBase):
 
     def check(self, context, x, w, **_):
         dims = _static_2d(w)
-        if dims is None:
-            return pattern.MatchResult().fail(f"the weight's shape {w.shape} is not a static 2-D one", w)
+        if dims is None:  # a batched MatMul (attention's), or an unknown shape
+            return pattern.MatchResult().fail(NOT_A_CANDIDATE + f"the weight's shape {w.shape} is not a static "
+                                              "2-D one", w)
         result, self._n_pad = _check(pattern.MatchResult(), x, dims[0], dims[1], w, w)
         return result
 
@@ -114,10 +118,12 @@ class PaddedWeightOfTransposeRule(pattern.RewriteRuleClassBase):
         result = pattern.MatchResult()
         perm = w.producer().attributes.get("perm")
         if perm is not None and list(perm.as_ints()) != [1, 0]:
-            return result.fail(f"the Transpose's perm is {list(perm.as_ints())}, not [1, 0]", w.producer())
+            return result.fail(NOT_A_CANDIDATE + f"the Transpose's perm is {list(perm.as_ints())}, not [1, 0]",
+                               w.producer())  # attention's K^T
         dims = _static_2d(c)
         if dims is None:
-            return result.fail(f"the transposed weight's shape {c.shape} is not a static 2-D one", c)
+            return result.fail(NOT_A_CANDIDATE + f"the transposed weight's shape {c.shape} is not a static 2-D "
+                               "one", c)
         result, self._n_pad = _check(result, x, dims[1], dims[0], c, w)
         return result
 

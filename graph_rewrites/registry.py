@@ -31,6 +31,7 @@ from . import padded_weight as pw
 from . import rms_norm as rms
 from . import rotary as rope
 from . import swiglu as swi
+from .common import NOT_A_CANDIDATE
 from .pack_projections import pack_projections
 from .qkv_rotary_cache import qkv_cache, qkv_rotary_cache
 
@@ -207,6 +208,8 @@ class StatsTracer:
         seen, key = self._seen[name], node.name or f"{_describe(node)}#{id(node)}"
         if status == MatchStatus.SUCCESS:
             seen[key] = "matched"
+        elif status == MatchStatus.CONDITION_FAILED and (match_result.reason or "").startswith(NOT_A_CANDIDATE):
+            return  # not a candidate (common.NOT_A_CANDIDATE): neither tried nor refused
         elif status in (MatchStatus.CONDITION_FAILED, MatchStatus.REPLACEMENT_FAILED) or _shared(match_result):
             if seen.get(key) != "matched":  # a commuted variant may still match
                 seen[key] = _describe(node) + "\0" + _reason(match_result)
