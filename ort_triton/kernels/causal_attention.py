@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from ..ops.attention import HEAD_DIMS
-from ..ops.causal_attention import SPLIT_MIN_KEYS, block_config, merge_block, split_keys, workspace_floats
+from ..ops.causal_attention import SPLIT_MIN_KEYS, block_config, merge_of, split_keys, workspace_floats
 from .attention import _BIAS_FLOOR, _LOG2E, _attend
 
 
@@ -257,16 +257,13 @@ def causal_attention(q, k, v, key_bias, scale, masked_rows=0, *, out=None, confi
     programs = triton.cdiv(rows, cfg["BLOCK_M"]) * b * nkv
     if not programs:
         return y
-    # as the library's spec (ops/causal_attention.py _spec), unless the config names it (0: the loop merge)
-    merge = cfg.get("MERGE_BLOCK", merge_block(d, cfg["BLOCK_M"], cfg["num_warps"]))
-    merge = merge if cfg["SPLIT_TARGET"] > 0 else 0
     chunk = split_keys(t, programs, cfg["BLOCK_N"], cfg["SPLIT_TARGET"], cfg.get("SPLIT_MIN_KEYS", SPLIT_MIN_KEYS))
 
     def launch(ws, split, phase, grid):
         causal_attention_fwd[(grid,)](
             q, k, v, key_bias, y, ws, nq, nkv, s, t, float(scale), int(masked_rows), split, phase,
             HEAD_DIM=d, BLOCK_D=cfg["BLOCK_D"], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-            SPLIT_K=cfg["SPLIT_TARGET"] > 0, MERGE_BLOCK=merge, num_warps=cfg["num_warps"],
+            SPLIT_K=cfg["SPLIT_TARGET"] > 0, MERGE_BLOCK=merge_of(cfg, d), num_warps=cfg["num_warps"],
             num_stages=cfg["num_stages"], **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}))
 
     if not chunk:  # one pass (the workspace pointer unused, as the library's NULL)

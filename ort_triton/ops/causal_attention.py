@@ -200,6 +200,14 @@ def merge_block(head_dim: int, block_m: int, num_warps: int) -> int:
     return max(2, min(8, 1 << (per_thread.bit_length() - 1)))
 
 
+def merge_of(cfg: dict, head_dim: int) -> int:
+    """The MERGE_BLOCK a config runs: 0 without a split (nothing to merge), else the config's own or
+    merge_block's for its tiles. The library's spec (_spec) and the torch entry point both take it from here."""
+    if int(cfg.get("SPLIT_TARGET", 0)) <= 0:
+        return 0
+    return int(cfg.get("MERGE_BLOCK", merge_block(head_dim, cfg["BLOCK_M"], cfg["num_warps"])))
+
+
 def split_keys(t: int, programs: int, block_n: int, target: int, min_keys: int = SPLIT_MIN_KEYS) -> int:
     """Keys per chunk when `programs` programs stream T keys and a spec aims at `target` programs; 0 for
     one pass (no split asked, enough programs already, or a cache that makes one chunk). A multiple of
@@ -224,10 +232,9 @@ def _spec(type_name: str, keys: tuple[tuple[int, int], ...], cfg: dict) -> Spec:
     d = keys[0][0]
     block_d = max(16, 1 << (d - 1).bit_length())
     split = int(cfg.get("SPLIT_TARGET", 0))
-    merge = int(cfg.get("MERGE_BLOCK", merge_block(d, cfg["BLOCK_M"], cfg["num_warps"])))
     return Spec(
         constexprs={"HEAD_DIM": d, "BLOCK_D": block_d, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"],
-                    "SPLIT_K": split > 0, "MERGE_BLOCK": merge if split > 0 else 0},
+                    "SPLIT_K": split > 0, "MERGE_BLOCK": merge_of(cfg, d)},
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         keys=tuple(keys),
         consts=(cfg["BLOCK_M"], cfg["BLOCK_N"], d, block_d, split, SPLIT_MIN_KEYS),
