@@ -8,7 +8,7 @@
 # The export and fused model (build/decoder_work, with one specialised model per shape), the table and the tuned
 # library (build/ab_decoder) stay while the machine is warm: a second call skips them and has its time for the
 # two ab runs (a cold machine spends ~3 min exporting and fusing; RETUNE=1 tunes again).
-# Environment: BUDGET_MIN (tuning budget, default 1), PREFILL / DECODE (default 1x512,8x512 / 1x1024,16x1024),
+# Environment: AA (0: no A/A run), BUDGET_MIN (tuning budget, default 1), PREFILL / DECODE (default 1x512,8x512 / 1x1024,16x1024),
 # ROUNDS / ITERS (default 10 / 20), A / B (default ort_triton_cuda_graph / ort_triton_tuned_cuda_graph), TABLE (a
 # table to build from instead of tuning). Results in $OUT: llama-1b.tuning.json, tune_llama-1b.txt,
 # ab_llama-1b_default_vs_default.json, ab_llama-1b_default_vs_tuned.json (and their .txt).
@@ -31,7 +31,8 @@ cap() {
 mkdir -p build/ab_decoder "$WORK"
 echo "library built (${SECONDS}s)"
 
-fused=$WORK/$MODEL.float16.ort_triton.onnx
+# the bench's name for the fused model: keyed by the rules and graph_rewrites' source (bench.decoder OrtTriton.key)
+fused=$WORK/$MODEL.float16.$(python3 -c 'from ort_triton.bench.decoder import OrtTriton; print(OrtTriton().key())').onnx
 if [ ! -f "$fused.done" ]; then  # bench.decoder makes (and keeps) the export and the fused model
   t=$(cap 240 "export and fuse") || exit 1
   timeout "$t" python3 -m ort_triton.bench.decoder --model $MODEL --runtimes ort_triton --prefill 1x16 --decode '' \
@@ -58,10 +59,13 @@ export ORT_TRITON_TUNED_LIBRARY=$PWD/$lib
 echo "tuned library ready (${SECONDS}s)"
 
 AB=(--decoder $MODEL --prefill "$PREFILL" --decode "$DECODE" --rounds "${ROUNDS:-10}" --iters "${ITERS:-20}" --work "$WORK")
-# A/A first: its run also makes the specialised models the A/B run reuses; the A/B run gets what is left
-t=$(cap 200 "A/A") || exit 1
-timeout "$t" python3 -m ort_triton.bench.ab "${AB[@]}" --a "$A" --b "$A" \
-  --json "$OUT/ab_${MODEL}_default_vs_default.json" 2>&1 | filter | tee "$OUT/ab_${MODEL}_default_vs_default.txt" | tail -8
+# A/A first (AA=0 skips it, for a cold machine's call: the noise was 0.99-1.01x in session 12): its run also makes
+# the specialised models the A/B run reuses; the A/B run gets what is left
+if [ "${AA:-1}" = 1 ]; then
+  t=$(cap 200 "A/A") || exit 1
+  timeout "$t" python3 -m ort_triton.bench.ab "${AB[@]}" --a "$A" --b "$A" \
+    --json "$OUT/ab_${MODEL}_default_vs_default.json" 2>&1 | filter | tee "$OUT/ab_${MODEL}_default_vs_default.txt" | tail -8
+fi
 t=$(cap 600 "A/B") || exit 1
 timeout "$t" python3 -m ort_triton.bench.ab "${AB[@]}" --a "$A" --b "$B" \
   --json "$OUT/ab_${MODEL}_default_vs_tuned.json" 2>&1 | filter | tee "$OUT/ab_${MODEL}_default_vs_tuned.txt" | tail -8

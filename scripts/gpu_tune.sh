@@ -47,7 +47,8 @@ case "$MODEL" in
   llama-1b)
     PREFILL=${PREFILL:-1x512,8x512,1x2048,8x2048}
     DECODE=${DECODE:-1x1024,16x1024,1x4096,16x4096}
-    fused=build/decoder_work/llama-1b.float16.ort_triton.onnx
+    # the bench's name for the fused model: keyed by the rules and graph_rewrites' source (bench.decoder OrtTriton.key)
+    fused=build/decoder_work/llama-1b.float16.$(python3 -c 'from ort_triton.bench.decoder import OrtTriton; print(OrtTriton().key())').onnx
     if [ ! -f "$fused.done" ]; then  # the bench makes (and keeps) the fused model
       python3 -m ort_triton.bench.decoder --model llama-1b --runtimes ort_triton --prefill 1x16 --decode '' \
         --work build/decoder_work --json "$OUT/warmup.json" 2>&1 | filter | tail -3

@@ -42,7 +42,7 @@ def _one_shape(b: int, t: int, nq: int, nkv: int, d: int) -> dict:
     diff = (causal_attention(q, k, v, kb, scale) - ref).abs().max().item()
     sdpa = torch.nn.functional.scaled_dot_product_attention
     torch_ms = ms(lambda: sdpa(q, k, v, scale=scale, enable_gqa=True))
-    cfg = block_config(d, "float16", nq // nkv)
+    cfg = block_config(d, "float16", nq // nkv, b * nkv)
     chunk = split_keys(t, b * nkv, cfg["BLOCK_N"], cfg["SPLIT_TARGET"])
     cache_bytes = 2 * b * nkv * t * d * 2
     gbps = lambda m: cache_bytes / m / 1e6

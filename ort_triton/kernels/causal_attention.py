@@ -250,7 +250,7 @@ def causal_attention(q, k, v, key_bias, scale, masked_rows=0, *, out=None, confi
         raise ValueError("causal_attention: out must be contiguous")
     rows = (nq // nkv) * s
     cfg = block_config(d, {torch.float32: "float", torch.float16: "float16", torch.bfloat16: "bfloat16"}[q.dtype],
-                       rows)
+                       rows, b * nkv)
     cfg.update(config or {})
     q, k, v, key_bias = q.contiguous(), k.contiguous(), v.contiguous(), key_bias.contiguous()
     y = out if out is not None else torch.empty((b, s, nq * d), dtype=q.dtype, device=q.device)

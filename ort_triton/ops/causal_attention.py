@@ -170,13 +170,27 @@ SPLIT_TARGET = 128
 SPLIT_MIN_KEYS = 256
 
 
-def block_config(head_dim: int, type_name: str, rows: int) -> dict:
-    """Tiles and launch options for a head dim, element type and packed row count G * S (the decode tiles
-    for rows <= DECODE_ROWS). BLOCK_D is the head dim rounded up to a power of two (masked lanes)."""
+# A decode step of many (batch, KV head) programs streams its cache better with one more stage in flight: on the
+# H200 (scripts/decode_attention_sweep.py, session 17, fp16, head dim 64, 128-key blocks, 4 warps), 3 stages against
+# 2 at batch 16: Llama-1B's 8 KV heads 58.5 against 71.0 us at cache 4096; GPT-2's 12 heads 65.9 against 78.0 at
+# 4096 and 21.2 against 22.3 at 1024. At batch 1 (8 or 12 programs, split into chunks) 2 stages stay ahead, 13.6
+# against 13.9 us and 9.9 against 10.3. So from DECODE_WIDE programs (B * Nkv) on, the decode spec takes
+# _WIDE_STAGES where the sweep measured it: fp16/bf16 at BLOCK_D 64 (head dims 64 and 40, which share its tiles
+# everywhere); other head dims and fp32 keep one decode spec.
+DECODE_WIDE = 64
+_WIDE_STAGES = {("half", 64): 3}
+
+
+def block_config(head_dim: int, type_name: str, rows: int, kv_programs: int = 1) -> dict:
+    """Tiles and launch options for a head dim, element type, packed row count G * S (the decode tiles for
+    rows <= DECODE_ROWS) and B * Nkv programs (kv_programs: the decode stages from DECODE_WIDE on). BLOCK_D is
+    the head dim rounded up to a power of two (masked lanes)."""
     block_d = max(16, 1 << (head_dim - 1).bit_length())
     decode = rows <= DECODE_ROWS
     kind = ("decode" if decode else "prefill", "float" if type_name == "float" else "half", block_d)
     block_m, block_n, warps, stages = _CONFIGS[kind]
+    if decode and kv_programs >= DECODE_WIDE:
+        stages = _WIDE_STAGES.get(kind[1:], stages)
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=warps, num_stages=stages,
                 SPLIT_TARGET=SPLIT_TARGET if decode else 0)
 
@@ -244,9 +258,20 @@ def _spec(type_name: str, keys: tuple[tuple[int, int], ...], cfg: dict) -> Spec:
 
 
 def _specs(type_name: str) -> list[Spec]:
-    """Per head dim: the decode spec (rows 0..DECODE_ROWS), then the prefill spec (any more rows)."""
-    return [_spec(type_name, ((d, d), (lo, hi), (0, ANY), (0, ANY)), block_config(d, type_name, hi))
-            for d in HEAD_DIMS for lo, hi in ((0, DECODE_ROWS), (DECODE_ROWS + 1, ANY))]
+    """Per head dim: the decode spec (rows 0..DECODE_ROWS; split at DECODE_WIDE programs where the wide one
+    differs), then the prefill spec (any more rows)."""
+    specs = []
+    for d in HEAD_DIMS:
+        narrow, wide = block_config(d, type_name, DECODE_ROWS), block_config(d, type_name, DECODE_ROWS, DECODE_WIDE)
+        decode_rows = (0, DECODE_ROWS)
+        if wide == narrow:
+            specs.append(_spec(type_name, ((d, d), decode_rows, (0, ANY), (0, ANY)), narrow))
+        else:
+            specs.append(_spec(type_name, ((d, d), decode_rows, (0, DECODE_WIDE - 1), (0, ANY)), narrow))
+            specs.append(_spec(type_name, ((d, d), decode_rows, (DECODE_WIDE, ANY), (0, ANY)), wide))
+        specs.append(_spec(type_name, ((d, d), (DECODE_ROWS + 1, ANY), (0, ANY), (0, ANY)),
+                           block_config(d, type_name, DECODE_ROWS + 1)))
+    return specs
 
 
 # ---- tuning (ort-triton tune) -------------------------------------------------------------------------
@@ -273,8 +298,8 @@ def _tune_candidates(type_name: str, keys: tuple[int, ...], arch: int) -> list[d
     """The built-in config, then tiles around it: BLOCK_M 16 only for decode rows (tl.dot's least; more rows
     would be masked), with the split targets (0: one pass); fp32's 3xTF32 dots hold operands twice, so
     smaller tiles there."""
-    d, rows = keys[:2]
-    builtin = {k: v for k, v in block_config(d, type_name, rows).items() if k in _TUNED}
+    d, rows, programs = keys[:3]
+    builtin = {k: v for k, v in block_config(d, type_name, rows, programs).items() if k in _TUNED}
     half = type_name != "float"
     ns = (32, 64, 128) if half else (16, 32, 64)
     if rows <= DECODE_ROWS:  # a decode kernel streams the cache: one tile height, 4 warps, the split, and

@@ -31,7 +31,9 @@ DTYPES = {"float": (TensorProto.FLOAT, torch.float32, 1e-4), "float16": (TensorP
 # (B, Nq, Nkv, S, T, D)
 SHAPES = [(1, 32, 8, 1, 4096, 64), (4, 32, 8, 1, 777, 64), (8, 16, 2, 1, 129, 128), (2, 12, 12, 1, 300, 64),
           (2, 32, 8, 512, 512, 64), (3, 8, 2, 37, 37, 128), (2, 8, 8, 100, 100, 80), (2, 16, 4, 7, 1030, 96),
-          (2, 8, 1, 129, 300, 32), (1, 4, 4, 1, 1, 40)]
+          (2, 8, 1, 129, 300, 32), (1, 4, 4, 1, 1, 40),
+          # decode with B * Nkv >= DECODE_WIDE: the wide decode spec (one more stage) at BLOCK_D 64
+          (16, 32, 8, 1, 1025, 64), (6, 12, 12, 1, 333, 40)]
 
 
 def _inputs(b, nq, nkv, s, t, d, dtype, pad, seed):
@@ -102,12 +104,14 @@ def _node_model(type_name, masked_rows, scale):
 @pytest.mark.parametrize("masked_rows", [0, 1])
 def test_cuda_ep_runs_the_kernel(gpu_library, type_name, masked_rows):
     """One session (dynamic shapes) over every head dim and a decode, prefill and chunk shape each; the
-    decodes over 300 and 2000 keys split the cache (2 and 8 chunks: the workspace from ORT's arena)."""
+    decodes over 300 and 2000 keys split the cache (2 and 8 chunks: the workspace from ORT's arena), the one of
+    16 x 8 KV heads runs the wide decode spec at BLOCK_D 64 (DECODE_WIDE programs and more)."""
     _, dtype, tol = DTYPES[type_name]
     sess = make_session(_node_model(type_name, masked_rows, 0.1), providers=["CUDAExecutionProvider"],
                         library=gpu_library)
     for d in HEAD_DIMS:
-        for b, nq, nkv, s, t in ((4, 8, 2, 1, 300), (2, 8, 2, 65, 65), (3, 4, 1, 17, 90), (3, 32, 8, 1, 2000)):
+        for b, nq, nkv, s, t in ((4, 8, 2, 1, 300), (2, 8, 2, 65, 65), (3, 4, 1, 17, 90), (3, 32, 8, 1, 2000),
+                                 (16, 32, 8, 1, 257)):
             q, k, v, kb = _inputs(b, nq, nkv, s, t, d, dtype, _pads(b, s, t), seed=d + s)
             feeds = {n + "32": x.float().numpy() for n, x in zip(["Q", "K", "V", "key_bias"], (q, k, v, kb))}
             before = launch_count(gpu_library)

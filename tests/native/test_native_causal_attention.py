@@ -7,10 +7,35 @@ import re
 import pytest
 
 from ort_triton.ops.attention import HEAD_DIMS
-from ort_triton.ops.causal_attention import DECODE_ROWS, SPLIT_MIN_KEYS, block_config, split_keys, workspace_floats
+from ort_triton.ops.causal_attention import (
+    DECODE_ROWS,
+    DECODE_WIDE,
+    SPLIT_MIN_KEYS,
+    block_config,
+    split_keys,
+    workspace_floats,
+)
 from tests.native_hooks import BFLOAT16, FLOAT, FLOAT16, load, plan_attrs
 
 PREFILL_M = block_config(64, "float16", DECODE_ROWS + 1)["BLOCK_M"]  # the fp16 prefill tile at head dim 64
+ANY = 1 << 62
+
+
+def spec_ranges(type_name):
+    """The built-in specs' (head dim, rows, B * Nkv) ranges in table order: per head dim the decode spec (two, below
+    and from DECODE_WIDE programs, where the wide config differs), then the prefill spec."""
+    out = []
+    for d in HEAD_DIMS:
+        wide = block_config(d, type_name, DECODE_ROWS, DECODE_WIDE) != block_config(d, type_name, DECODE_ROWS)
+        for programs in ((0, DECODE_WIDE - 1), (DECODE_WIDE, ANY)) if wide else ((0, ANY),):
+            out.append(((d, d), (0, DECODE_ROWS), programs))
+        out.append(((d, d), (DECODE_ROWS + 1, ANY), (0, ANY)))
+    return out
+
+
+def spec_index(type_name, d, rows, programs):
+    return next(i for i, r in enumerate(spec_ranges(type_name))
+                if all(lo <= v <= hi for v, (lo, hi) in zip((d, rows, programs), r)))
 TYPE_NAMES = {FLOAT: "float", FLOAT16: "float16", BFLOAT16: "bfloat16"}
 OP = "CausalAttention"
 
@@ -50,9 +75,11 @@ def test_table_holds_a_decode_and_a_prefill_spec_per_head_dim(lib, elem_type):
     for s in range(lib.ort_triton_num_specs(i)):
         assert lib.ort_triton_spec_info(i, s, msg, len(msg)) == 0
         keys.append(re.match(r"kernel=causal_attention_fwd keys=(\S+)", msg.value.decode()).group(1))
-    ranges = ((0, DECODE_ROWS), (DECODE_ROWS + 1, 1 << 62))
-    any_ = f"0:{1 << 62}"  # B * Nkv and T: any, in the built-in specs
-    assert keys == [f"{d}:{d},{lo}:{hi},{any_},{any_}" for d in HEAD_DIMS for lo, hi in ranges]
+    any_ = f"0:{ANY}"  # T: any, in the built-in specs
+    want = [",".join(f"{lo}:{hi}" for lo, hi in r) + f",{any_}" for r in spec_ranges(TYPE_NAMES[elem_type])]
+    assert keys == want
+    # a wide decode spec where one was measured: fp16 and bf16 at BLOCK_D 64 (ops/causal_attention.py, _WIDE_STAGES)
+    assert (f"64:64,0:{DECODE_ROWS},{DECODE_WIDE}:{ANY},{any_}" in keys) == (elem_type != FLOAT)
 
 
 @pytest.mark.parametrize("elem_type", [FLOAT, FLOAT16, BFLOAT16])
@@ -66,8 +93,8 @@ def test_plan_packs_the_group_into_rows(lib, elem_type, nq, nkv, s, t, d):
     assert rc == 0, msg
     arch, gx, gy, gz, block, shared, spec = parse(msg)
     rows = nq // nkv * s
-    cfg = block_config(d, TYPE_NAMES[elem_type], rows)
-    assert spec == 2 * HEAD_DIMS.index(d) + (rows > DECODE_ROWS)
+    cfg = block_config(d, TYPE_NAMES[elem_type], rows, b * nkv)
+    assert spec == spec_index(TYPE_NAMES[elem_type], d, rows, b * nkv)
     assert arch == 90 and (gy, gz) == (1, 1)
     programs = -(-rows // cfg["BLOCK_M"]) * b * nkv
     chunk = split_keys(t, programs, cfg["BLOCK_N"], cfg["SPLIT_TARGET"])
@@ -90,12 +117,28 @@ def test_decode_splits_the_cache_until_the_target(lib, b, nkv, t, chunks):
     split_keys, computed again in C): the first launch runs programs * chunks, the merge the programs."""
     rc, msg = plan(lib, shapes(b, 4 * nkv, nkv, 1, t, 64))
     assert rc == 0, msg
-    cfg = block_config(64, "float16", 4)
+    cfg = block_config(64, "float16", 4, b * nkv)
     chunk = split_keys(t, b * nkv, cfg["BLOCK_N"], cfg["SPLIT_TARGET"])
     assert (-(-t // chunk) if chunk else 1) == chunks
     assert chunk % cfg["BLOCK_N"] == 0 and (not chunk or chunk >= SPLIT_MIN_KEYS)
     assert parse(msg)[1] == b * nkv * chunks
     assert (parse_split(msg) is None) == (chunks == 1)
+
+
+@pytest.mark.parametrize("elem_type", [FLOAT16, BFLOAT16])
+def test_a_decode_step_of_many_programs_takes_the_wide_spec(lib, elem_type):
+    """Llama-1B's decode (8 KV heads, head dim 64): batch 16 is 128 programs, past DECODE_WIDE, and takes the spec
+    with one more stage (more shared memory a program); batch 1 the other decode spec."""
+    plans = {}
+    for b in (1, 16):
+        rc, msg = plan(lib, shapes(b, 32, 8, 1, 4097, 64), elem_type=elem_type)
+        assert rc == 0, msg
+        plans[b] = parse(msg)
+    assert plans[1][-1] == spec_index(TYPE_NAMES[elem_type], 64, 4, 8)
+    assert plans[16][-1] == plans[1][-1] + 1 == spec_index(TYPE_NAMES[elem_type], 64, 4, 128)
+    narrow, wide = block_config(64, "float16", 4, 8), block_config(64, "float16", 4, 128)
+    assert (narrow["num_stages"], wide["num_stages"]) == (2, 3)
+    assert plans[16][-2] > plans[1][-2]  # shared bytes: a third K/V stage
 
 
 def test_prefill_never_splits(lib):
