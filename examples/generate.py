@@ -15,7 +15,8 @@ On CUDA the loop uses IO binding: every cache tensor has two device buffers of t
 reads its past from one and writes its present into the other (no allocation, no copy to the host but the
 logits). On CPU it calls session.run (`--io-binding` runs the CUDA loop's code on CPU buffers instead).
 Prints the tokens of each runtime and whether they are identical; exits 1 when stock ORT and ort_triton
-disagree.
+disagree. With torch's fp32 tokens (without --no-torch) and the IO-binding loop, each ORT runtime is also held
+against fp32: how long its greedy tokens stay fp32's, and how often, fed fp32's tokens, it predicts fp32's next one.
 """
 
 from __future__ import annotations
@@ -98,6 +99,20 @@ def near_ties(ref_session, session, config, ids, mask, tokens, device) -> bool:
           f"{max(diffs):.4f} (largest |logit| "
           f"{max(float(np.abs(a).max()) for a in ref):.2f}); every disagreement a near-tie: {ties}")
     return ties
+
+
+def against_fp32(sessions, config, ids, mask, want, device) -> None:
+    """Each session against torch's fp32 tokens `want` [B, steps]: the steps its free-running greedy tokens stay
+    identical to fp32's (per row), and, fed fp32's tokens (teacher forcing), how many of its next-token argmaxes
+    are fp32's. Random-weight models have near-ties that fp16 rounding breaks either way; this says whether
+    ort_triton's kernels break them more often than stock ORT's."""
+    steps = want.shape[1]
+    for label, (session, tokens) in sessions.items():
+        same = [int(np.argmax(row != ref)) if (row != ref).any() else steps for row, ref in zip(tokens, want)]
+        forced = greedy_io_binding(session, config, ids, steps, mask, device=device, forced=want)
+        agree = int((forced == want).sum())
+        print(f"{label} against torch (fp32): identical for the first {same} steps of each row; teacher-forced "
+              f"along fp32's tokens, next-token argmax equal to fp32's at {agree} of {want.size} steps")
 
 
 def timed(fn, *args, **kwargs):
@@ -200,6 +215,9 @@ def main(argv=None) -> int:
         print(f"{label:18s} {1e3 * secs / args.steps:8.2f} ms/token")
         for row in tokens:
             print(f"    {' '.join(map(str, row))}")
+    if "torch (fp32)" in results and (args.cuda or args.io_binding):
+        against_fp32({label: (sessions[label], results[label][0]) for label in variants}, model.config, ids, mask,
+                     results["torch (fp32)"][0], device)
     ref_label = "ORT"
     ok = True
     for label, (tokens, _) in results.items():

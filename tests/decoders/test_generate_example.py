@@ -21,3 +21,7 @@ def test_generate_example_tokens_identical(tmp_path, extra):
     assert "ort_triton fused: {" in res.stdout, res.stdout  # something was fused
     assert "ORT + ort_triton identical to ORT: True" in res.stdout, res.stdout
     assert "torch (fp32) identical to ORT: True" in res.stdout, res.stdout
+    if "--io-binding" in extra:  # each runtime held against fp32, teacher-forced: every step fp32's token here
+        for label in ("ORT", "ORT + ort_triton"):
+            assert f"{label} against torch (fp32): identical for the first [8, 8] steps" in res.stdout, res.stdout
+            assert "next-token argmax equal to fp32's at 16 of 16 steps" in res.stdout, res.stdout
