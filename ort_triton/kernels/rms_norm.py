@@ -67,7 +67,7 @@ def rms_norm(x, gamma, skip=None, epsilon=1e-6, store_sum=False, *, out=None, su
     x, gamma = x.contiguous(), gamma.contiguous()
     n_rows = x.numel() // h
     block = next(b for b in BLOCKS if b >= h)
-    rows, warps = config or launch_config(block, skip is not None, store_sum)
+    rows, warps = config or launch_config(block, skip is not None, store_sum, n_rows=n_rows)
     y = out if out is not None else torch.empty_like(x)
     s = (sum_out if sum_out is not None else torch.empty_like(x)) if store_sum else None
     rms_norm_fwd[(triton.cdiv(n_rows, rows),)](

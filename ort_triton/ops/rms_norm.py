@@ -47,10 +47,11 @@ KERNEL = Kernel(
 )
 
 
-# (ROWS, num_warps) per (block width, mode): COPIED from LayerNorm's table (ops/layer_norm.py, tuned on the
-# H200 for fp16), not measured for RMSNorm. The shapes are alike (one row stream in, one out, plus a
-# residual stream and the sum); RMSNorm holds one [H] vector (gamma) where LayerNorm holds two or three,
-# so these configs have at most the register pressure they had there. Re-sweep before trusting them.
+# (ROWS, num_warps) per (block width, mode) for any row count: COPIED from LayerNorm's table (ops/layer_norm.py,
+# tuned on the H200 for fp16), not measured for RMSNorm (only at few rows and H = 2048: _LAUNCH_FEW below). The
+# shapes are alike (one row stream in, one out, plus a residual stream and the sum); RMSNorm holds one [H] vector
+# (gamma) where LayerNorm holds two or three, so these configs have at most the register pressure they had there.
+# Re-sweep before trusting them.
 _LAUNCH = {  # block: (plain, residual, residual+sum)
     256: ((8, 2), (8, 4), (8, 4)),
     1024: ((2, 2), (2, 4), (1, 4)),
@@ -61,10 +62,22 @@ _LAUNCH = {  # block: (plain, residual, residual+sum)
 }
 
 
+# Up to FEW_ROWS rows (a decode step's 1-16 rows, a 512-token prefill), measured for RMSNorm: `ort-triton tune` of
+# Llama-1B on the H200 (session 17, bench/results/session17/llama-1b.tuning.json; CUDA-graph replays of the kernel)
+# picked 1 row x 8 warps at H = 2048 for the plain kernel (1.22x, 1.24x, 1.33x over (1, 2) at 512, 1 and 16 rows)
+# and for the residual+sum one (1.06x, 1.10x, 1.10x over (1, 4)); the residual kernel without the sum kept (1, 4)
+# at 16 and 512 rows (1.09x with 8 warps at 1 row alone). None: _LAUNCH's entry.
+FEW_ROWS = 512
+_LAUNCH_FEW = {2048: ((1, 8), None, (1, 8))}
+
+
 def launch_config(block_h: int, has_res: bool = False, store_sum: bool = False,
                   n_rows: int | None = None) -> tuple[int, int]:
-    """(ROWS, num_warps) for a block width and mode; one config for every row count (n_rows unused)."""
-    return _LAUNCH[block_h][(1 + int(store_sum)) if has_res else 0]
+    """(ROWS, num_warps) for a block width, mode and row count (None: any, the config of the open-ended row
+    range): _LAUNCH_FEW's entry up to FEW_ROWS rows where it has one, else _LAUNCH's."""
+    mode = (1 + int(store_sum)) if has_res else 0
+    few = _LAUNCH_FEW.get(block_h, (None, None, None))[mode]
+    return few if few and n_rows is not None and n_rows <= FEW_ROWS else _LAUNCH[block_h][mode]
 
 
 def _spec(has_res: bool, keys: tuple[tuple[int, int], ...], rows: int, warps: int) -> Spec:
@@ -74,7 +87,7 @@ def _spec(has_res: bool, keys: tuple[tuple[int, int], ...], rows: int, warps: in
 
 
 def _specs(has_res: bool) -> list[Spec]:
-    return row_specs((), has_res, BLOCKS, launch_config, _spec)
+    return row_specs((), has_res, BLOCKS, launch_config, _spec, row_split=FEW_ROWS)
 
 
 # ---- tuning (ort-triton tune): (ROWS, num_warps) per exact H and power-of-two row bucket --------------

@@ -37,7 +37,8 @@ def plan(lib, op, inputs, n_outputs=1, elem_type=FLOAT):
 def expected(contract, elem_type, keys, rows):
     """(spec index, grid x, block threads) the planner must choose, from the contract's specs."""
     specs = contract.specializations(TYPE_NAMES[elem_type])
-    i = next(i for i, s in enumerate(specs) if all(lo <= k <= hi for k, (lo, hi) in zip(keys, s.keys)))
+    keys = (*keys, rows)  # (store_sum, h % 16 == 0, H, rows)
+    i = next(i for i, s in enumerate(specs) if all(lo <= k <= hi for k, (lo, hi) in zip(keys, s.keys, strict=True)))
     block_rows = specs[i].consts[1]
     return i, -(-rows // block_rows), 32 * specs[i].launch(90)[0]
 
@@ -64,6 +65,23 @@ def test_add_rms_norm_stores_the_sum_only_when_asked(lib, n_outputs, h):
     rc, msg = plan(lib, "AddRMSNorm", [[5, 19, h], [5, 19, h], [h]], n_outputs=n_outputs, elem_type=FLOAT16)
     assert rc == 0, msg
     assert parse(msg) == expected(ADD_RMS_NORM, FLOAT16, (n_outputs - 1, int(h % 16 == 0), h), 95)
+
+
+@pytest.mark.parametrize("op, n_outputs, warps_few", [("RMSNorm", 1, 8), ("AddRMSNorm", 2, 8), ("AddRMSNorm", 1, 4)])
+@pytest.mark.parametrize("rows", [1, 16, 512, 513, 4096])
+def test_few_rows_at_2048_take_their_measured_config(lib, op, n_outputs, warps_few, rows):
+    """Up to FEW_ROWS rows at H = 2048, the plain and the residual+sum kernels run 1 row x 8 warps (the H200 tuner's
+    pick for Llama-1B, ops/rms_norm.py _LAUNCH_FEW); more rows, and the residual kernel without the sum, _LAUNCH's."""
+    from ort_triton.ops.rms_norm import FEW_ROWS, launch_config
+
+    inputs = [[rows, 2048]] * (2 if op == "AddRMSNorm" else 1) + [[2048]]
+    rc, msg = plan(lib, op, inputs, n_outputs=n_outputs, elem_type=FLOAT16)
+    assert rc == 0, msg
+    contract = ADD_RMS_NORM if op == "AddRMSNorm" else RMS_NORM
+    spec, grid, block = parse(msg)
+    assert (spec, grid, block) == expected(contract, FLOAT16, (n_outputs - 1, 1, 2048), rows)
+    many = launch_config(2048, op == "AddRMSNorm", n_outputs == 2)
+    assert block == 32 * (warps_few if rows <= FEW_ROWS else many[1])
 
 
 def test_empty_input_plans_an_empty_grid(lib):

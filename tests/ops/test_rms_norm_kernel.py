@@ -22,8 +22,9 @@ INTERPRETED = DEVICE == "cpu"
 BF16_ROUNDS = pytest.mark.skipif(INTERPRETED, reason="the interpreter truncates fp32 -> bf16")
 TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}
 # (19, 100): three tiles of 8 rows (block 256), the last one 3 rows full; (4, 1030) and (2, 2049) cross a
-# block edge; (5, 1) is the H the JIT specialises as a constant.
-SHAPES = [(37,), (3, 37), (19, 100), (1, 1, 3, 257), (4, 1030), (2, 2049), (5, 1)]
+# block edge; (5, 1) is the H the JIT specialises as a constant; (3, 2048) and (520, 1040) take block 2048's
+# few-rows and many-rows launch configs (ops/rms_norm.py FEW_ROWS).
+SHAPES = [(37,), (3, 37), (19, 100), (1, 1, 3, 257), (4, 1030), (2, 2049), (5, 1), (3, 2048), (520, 1040)]
 
 
 def _rand(shape, dtype, gen, scale=1.0, shift=0.0):
