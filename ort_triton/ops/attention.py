@@ -134,14 +134,19 @@ _CONFIGS = {
 _PRE_HOPPER = {("half", 64): (8, 2)}
 
 
+def block_d(head_dim: int) -> int:
+    """The head dim rounded up to a power of two, at least 16: Triton's tiles are powers of two (the extra
+    lanes are masked) and tl.dot takes K >= 16. Both attention kernels' BLOCK_D."""
+    return max(16, 1 << (head_dim - 1).bit_length())
+
+
 def block_config(head_dim: int, type_name: str) -> dict:
     """Tile sizes and launch options for a head dim and element type (pre_hopper: those for sm_8x, or None
     for the same). BLOCK_D is the head dim rounded up to a power of two (Triton's tiles are powers of two;
     the extra lanes are masked)."""
-    block_d = max(16, 1 << (head_dim - 1).bit_length())
-    kind = ("float" if type_name == "float" else "half", block_d)
+    kind = ("float" if type_name == "float" else "half", block_d(head_dim))
     block_m, block_n, warps, stages = _CONFIGS[kind]
-    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=warps, num_stages=stages,
+    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=kind[1], num_warps=warps, num_stages=stages,
                 pre_hopper=_PRE_HOPPER.get(kind))
 
 
@@ -166,9 +171,8 @@ def _spec(type_name: str, keys: tuple[tuple[int, int], ...], cfg: dict, packed: 
     aligned lo = 1 promises Sq and Skv multiples of 16. packed: the kernel of PackedMultiHeadAttention
     (ops/packed_attention.py)."""
     d, aligned = keys[0][0], keys[1][0]
-    block_d = max(16, 1 << (d - 1).bit_length())
     return Spec(
-        constexprs={"HEAD_DIM": d, "BLOCK_D": block_d, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"],
+        constexprs={"HEAD_DIM": d, "BLOCK_D": block_d(d), "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"],
                     "PACKED": packed},
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         keys=tuple(keys),

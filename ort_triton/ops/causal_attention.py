@@ -36,7 +36,7 @@ import onnx
 from onnx import helper
 
 from ..contract import ANY, IO, Attr, Kernel, OpContract, Spec, Tuning, attr_ref, pow2_bucket
-from .attention import HEAD_DIMS
+from .attention import HEAD_DIMS, block_d
 from .tune_space import random_inputs, tile_candidates
 
 
@@ -185,13 +185,12 @@ def block_config(head_dim: int, type_name: str, rows: int, kv_programs: int = 1)
     """Tiles and launch options for a head dim, element type, packed row count G * S (the decode tiles for
     rows <= DECODE_ROWS) and B * Nkv programs (kv_programs: the decode stages from DECODE_WIDE on). BLOCK_D is
     the head dim rounded up to a power of two (masked lanes)."""
-    block_d = max(16, 1 << (head_dim - 1).bit_length())
     decode = rows <= DECODE_ROWS
-    kind = ("decode" if decode else "prefill", "float" if type_name == "float" else "half", block_d)
+    kind = ("decode" if decode else "prefill", "float" if type_name == "float" else "half", block_d(head_dim))
     block_m, block_n, warps, stages = _CONFIGS[kind]
     if decode and kv_programs >= DECODE_WIDE:
         stages = _WIDE_STAGES.get(kind[1:], stages)
-    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=warps, num_stages=stages,
+    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=kind[2], num_warps=warps, num_stages=stages,
                 SPLIT_TARGET=SPLIT_TARGET if decode else 0)
 
 
@@ -209,8 +208,7 @@ def merge_block(head_dim: int, block_m: int, num_warps: int) -> int:
     """Chunks PHASE 2 merges at once: a power of two from 2 to 8 whose acc tiles take about MERGE_REGISTERS
     fp32 registers a thread (BLOCK_D: the head dim rounded up). At most 8: 16 spilled 8 bytes at head dim 32 on
     sm_80 (ptxas, Triton 3.6)."""
-    block_d = max(16, 1 << (head_dim - 1).bit_length())
-    per_thread = max(1, MERGE_REGISTERS * 32 * num_warps // (block_m * block_d))
+    per_thread = max(1, MERGE_REGISTERS * 32 * num_warps // (block_m * block_d(head_dim)))
     return max(2, min(8, 1 << (per_thread.bit_length() - 1)))
 
 
@@ -244,14 +242,13 @@ def _spec(type_name: str, keys: tuple[tuple[int, int], ...], cfg: dict) -> Spec:
     """The spec of a config (tiles, launch options, split target, and `maxnreg`, ptxas' register cap, when
     the config names one) for the key ranges ((D, D), (rows lo, rows hi), (B * Nkv lo, hi), (T lo, hi))."""
     d = keys[0][0]
-    block_d = max(16, 1 << (d - 1).bit_length())
     split = int(cfg.get("SPLIT_TARGET", 0))
     return Spec(
-        constexprs={"HEAD_DIM": d, "BLOCK_D": block_d, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"],
+        constexprs={"HEAD_DIM": d, "BLOCK_D": block_d(d), "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"],
                     "SPLIT_K": split > 0, "MERGE_BLOCK": merge_of(cfg, d)},
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         keys=tuple(keys),
-        consts=(cfg["BLOCK_M"], cfg["BLOCK_N"], d, block_d, split, SPLIT_MIN_KEYS),
+        consts=(cfg["BLOCK_M"], cfg["BLOCK_N"], d, block_d(d), split, SPLIT_MIN_KEYS),
         divisible_by_16=("Q", "K", "V", "KB", "Y", "WS"),
         maxnreg=cfg.get("maxnreg"),
     )
