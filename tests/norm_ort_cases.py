@@ -39,6 +39,15 @@ def norm_model(shape, type_name, mode, norm, vectors: dict, opset: int):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10 if opset >= 23 else 9)
 
 
+def layer_norm_model(shape, type_name, mode):
+    """LayerNormalization (opset 17, epsilon 1e-5) of norm_model; its gamma and beta ("g", "b") drawn from H."""
+    h = shape[-1]
+    rng = np.random.default_rng(h)
+    vectors = {"g": rng.normal(1, 0.3, h), "b": rng.normal(0, 0.3, h)}
+    norm = lambda src: helper.make_node("LayerNormalization", [src, "g", "b"], ["y"], axis=-1, epsilon=1e-5)
+    return norm_model(shape, type_name, mode, norm, vectors, opset=17), vectors
+
+
 def rounded(a, type_name):
     """a rounded to the element type, as float64: what the kernel reads."""
     return torch.from_numpy(np.asarray(a, np.float32)).to(TYPES[type_name][1]).double().numpy()

@@ -8,13 +8,13 @@ import pytest
 
 import graph_rewrites
 from ort_triton.runtime import make_session
-from tests.gpu.test_layer_norm_ort import _model
+from tests.norm_ort_cases import layer_norm_model
 
 pytestmark = pytest.mark.gpu
 
 
 def test_threads_and_sessions_match_serial_runs(gpu_library):
-    model = graph_rewrites.optimize(_model((64, 768), "float16", residual=True, keep_sum=True))
+    model = graph_rewrites.optimize(layer_norm_model((64, 768), "float16", "residual+sum")[0])
     sessions = [make_session(model, providers=["CUDAExecutionProvider"], library=gpu_library) for _ in range(2)]
     rng = np.random.default_rng(0)
     feeds = [{"x32": rng.normal(size=(64, 768)).astype(np.float32),

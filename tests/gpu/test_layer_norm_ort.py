@@ -9,12 +9,11 @@ before the reference sees them. `ort_triton_launches` proves the Triton kernel r
 import numpy as np
 import onnxruntime as ort
 import pytest
-from onnx import helper
 
 from ort_triton.ops.layer_norm import reference_add_layer_norm, reference_layer_norm
 from ort_triton.runtime import make_session
 from tests.conftest import layer_norm_node_model
-from tests.norm_ort_cases import MODES, TYPES, assert_close, norm_model, rounded, run_fused
+from tests.norm_ort_cases import MODES, TYPES, assert_close, layer_norm_model, rounded, run_fused
 
 pytestmark = pytest.mark.gpu
 
@@ -25,11 +24,7 @@ SHAPES = [(1, 1), (3, 93), (2, 7, 768), (4096, 1024), (5, 16384), (257, 4095)]
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("mode", MODES)
 def test_cuda_ep_runs_the_kernel(gpu_library, type_name, shape, mode):
-    h = shape[-1]
-    vrng = np.random.default_rng(h)
-    vectors = {"g": vrng.normal(1, 0.3, h), "b": vrng.normal(0, 0.3, h)}
-    norm = lambda src: helper.make_node("LayerNormalization", [src, "g", "b"], ["y"], axis=-1, epsilon=1e-5)
-    model = norm_model(shape, type_name, mode, norm, vectors, opset=17)
+    model, vectors = layer_norm_model(shape, type_name, mode)
     rng = np.random.default_rng(sum(shape))
     x = rng.normal(3.0, 2.0, shape).astype(np.float32)  # offset mean: a one-pass variance would show
     r = rng.normal(0, 1, shape).astype(np.float32)
