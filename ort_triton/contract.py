@@ -85,6 +85,9 @@ class Spec:
     # ptxas' register cap a thread (PTX .maxnreg); None: ptxas' own choice. Fewer registers fit more programs on
     # an SM, which pays where a kernel streams memory from many programs (a decode step's long caches).
     maxnreg: int | None = None
+    # The oldest GPU arch the kernel compiles for (the warp-specialised attention's TMA needs sm_90); 0 for any.
+    # Only tuned specs have one: they are compiled for their table entry's arch alone.
+    min_arch: int = 0
 
     def launch(self, arch: int) -> tuple[int, int]:
         """(num_warps, num_stages) this spec compiles with for `arch`."""

@@ -67,9 +67,11 @@ def _entry(raw: dict, where: str) -> Entry:
                           f"({', '.join(contract.kernel.dispatch_keys)}), got {list(keys)}")
     entry = Entry(op, type_name, arch, keys, config, builtin)
     try:
-        entry.spec()
+        spec = entry.spec()
     except (KeyError, ValueError) as e:
         raise TuningError(f"{where}: config {config} does not make a {op} kernel: {e}") from None
+    if arch < spec.min_arch:
+        raise TuningError(f"{where}: config {config} makes a {op} kernel for sm_{spec.min_arch} on, not sm_{arch}")
     return entry
 
 

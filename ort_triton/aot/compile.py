@@ -81,6 +81,9 @@ class Compiled:
     cubin: pathlib.Path
     shared: int
     num_warps: int
+    # Triton's global scratch, bytes a program (0 for most kernels): tensor descriptors made on the device live
+    # there (the warp-specialised attention's). The native launcher allocates it from ORT's arena.
+    global_scratch: int = 0
 
 
 def compile_job(job: Job, cache_dir: pathlib.Path) -> Compiled:
@@ -88,7 +91,7 @@ def compile_job(job: Job, cache_dir: pathlib.Path) -> Compiled:
     cubin, meta_path = cache_dir / f"{key}.cubin", cache_dir / f"{key}.json"
     if cubin.exists() and meta_path.exists():
         meta = json.loads(meta_path.read_text())
-        return Compiled(meta["name"], cubin, meta["shared"], meta["num_warps"])
+        return Compiled(meta["name"], cubin, meta["shared"], meta["num_warps"], meta.get("global_scratch", 0))
 
     import triton
     from triton.backends.compiler import GPUTarget
@@ -103,16 +106,21 @@ def compile_job(job: Job, cache_dir: pathlib.Path) -> Compiled:
         options["maxnreg"] = job.spec.maxnreg
     k = triton.compile(src, target=GPUTarget("cuda", job.arch, 32), options=options)
     md = k.metadata
-    # The native launcher passes NULL for Triton's global/profile scratch: refuse kernels that need them
-    # rather than ship one that would scribble over address 0.
-    if md.global_scratch_size or md.profile_scratch_size:
-        raise RuntimeError(f"{job.op.name} spec {job.spec_index} sm_{job.arch}: kernel needs Triton scratch "
-                           f"memory ({md.global_scratch_size}/{md.profile_scratch_size} B), not supported")
-    meta = {"name": md.name, "shared": int(md.shared), "num_warps": int(md.num_warps)}
+    # The native launcher passes NULL for Triton's profile scratch and allocates global scratch (size a program
+    # times the grid) from ORT's arena, whose blocks are 256-byte aligned: refuse what it cannot give rather
+    # than ship a kernel that would scribble over address 0.
+    if md.profile_scratch_size or (md.global_scratch_size and 256 % max(1, md.global_scratch_align)):
+        raise RuntimeError(f"{job.op.name} spec {job.spec_index} sm_{job.arch}: kernel needs Triton profile scratch "
+                           f"({md.profile_scratch_size} B) or global scratch aligned to "
+                           f"{md.global_scratch_align} B, not supported")
+    # num_warps is what the launch needs: a warp-specialised kernel runs more warps than it was compiled with
+    # (its producer and consumer groups)
+    meta = {"name": md.name, "shared": int(md.shared), "num_warps": int(md.num_warps),
+            "global_scratch": int(md.global_scratch_size)}
     cache_dir.mkdir(parents=True, exist_ok=True)
     _atomic_write(cubin, k.asm["cubin"])
     _atomic_write(meta_path, json.dumps(meta).encode())
-    return Compiled(meta["name"], cubin, meta["shared"], meta["num_warps"])
+    return Compiled(meta["name"], cubin, meta["shared"], meta["num_warps"], meta["global_scratch"])
 
 
 def _atomic_write(path: pathlib.Path, data: bytes) -> None:

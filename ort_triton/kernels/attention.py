@@ -44,6 +44,9 @@ Rows with no key left, and why nothing turns into NaN:
 - query rows past Sq and head-dim lanes past HEAD_DIM load 0 and are never stored.
 
 Offsets are int64: b * S * N*D passes 2^31 for long batches.
+
+WS specs (a tuning candidate on Hopper, ops/attention.py `ws_supported`) run `_attention_ws` instead: the same
+maths with TMA loads and Triton's warp specialisation (its docstring says what that pass accepts).
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..ops.attention import HEAD_DIMS, block_config
+from ..ops.attention import HEAD_DIMS, WS_ARCH, WS_HEAD_DIMS, block_config, ws_supported
 
 _LOG2E = tl.constexpr(1.4426950408889634)
 _BIAS_FLOOR = tl.constexpr(-1e38)  # key_bias saturates here (module docstring)
@@ -90,11 +93,76 @@ def _attend(q, k_ptrs, v_ptrs, kb_ptrs, start, SKV, offs_n, d_ok, m_i, l_i, acc,
 
 
 @triton.jit
+def _attention_ws(Q, K, V, KB, BQ, BV, Y, N, SQ, SKV, scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, PACKED: tl.constexpr):
+    """The same attention, warp-specialised for Hopper (WS specs: sm_90, fp16/bf16, head dims 32, 64, 128):
+    TMA moves the tiles, and Triton's warp specialisation splits each program into a producer warp group
+    that issues the copies and two consumer warp groups of BLOCK_M / 2 rows each, so that one block's loads,
+    dots and softmax overlap the next's (FlashAttention-3's scheme; the kernel launches 3 x num_warps warps).
+    What Triton 3.6's pass takes, found by compiling for sm_90 (scripts/ws_attention_compile.py): tiles
+    loaded through tensor descriptors made on the device (a pointer load in the loop, even the key bias's,
+    stops the pass; so do rank-4 descriptors), and the output stored through pointers (a store through a
+    rank-3 descriptor stops it). Device-made descriptors live in Triton's global scratch, which the native
+    launcher takes from ORT's arena.
+
+    Q, K, V are viewed as [B, S, row stride] (3 * N * D when packed), boxes [1, rows, D] at column n * D: TMA
+    fills the rows past this batch's S with zeros, so every tile loads whole. A key past SKV gets bias -inf
+    (a mask per key, not per score), and its zero V row has weight 0. The key bias is viewed as [B, SKV], whose
+    row stride TMA needs 16-byte aligned: WS specs are only for SKV a multiple of 16 (the aligned ones)."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(SQ, BLOCK_M)
+    bn = pid // num_m
+    m_blk = pid - bn * num_m
+    nb = tl.num_programs(0) // num_m // N  # the batch size
+    b = bn // N
+    n = bn % N
+    hidden = N * tl.full([], HEAD_DIM, tl.int64)
+    stride = hidden * 3 if PACKED else hidden
+    dq = tl.make_tensor_descriptor(Q, [nb, SQ, stride], [SQ * stride, stride, 1], [1, BLOCK_M, HEAD_DIM])
+    dk = tl.make_tensor_descriptor(K, [nb, SKV, stride], [SKV * stride, stride, 1], [1, BLOCK_N, HEAD_DIM])
+    dv = tl.make_tensor_descriptor(V, [nb, SKV, stride], [SKV * stride, stride, 1], [1, BLOCK_N, HEAD_DIM])
+    dkb = tl.make_tensor_descriptor(KB, [nb, SKV], [SKV, 1], [1, BLOCK_N])
+    offs_m = m_blk * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q = dq.load([b, m_blk * BLOCK_M, n * HEAD_DIM]).reshape(BLOCK_M, HEAD_DIM)
+    if PACKED:  # Q's bias in registers: each consumer warp group holds half the tile
+        bq = tl.load(BQ + n * HEAD_DIM + offs_d).to(tl.float32)
+        q = (q.to(tl.float32) + bq[None, :]).to(Q.dtype.element_ty)
+    qk_scale = scale * _LOG2E
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    for start in tl.range(0, SKV, BLOCK_N, warp_specialize=True):
+        k = dk.load([b, start, n * HEAD_DIM]).reshape(BLOCK_N, HEAD_DIM)
+        v = dv.load([b, start, n * HEAD_DIM]).reshape(BLOCK_N, HEAD_DIM)
+        kb = dkb.load([b, start]).reshape(BLOCK_N).to(tl.float32)
+        kb = tl.where(kb == float("-inf"), kb, tl.maximum(kb, _BIAS_FLOOR)) * _LOG2E
+        kb = tl.where(start + offs_n < SKV, kb, float("-inf"))  # past SKV: the next batch's keys, or zeros
+        s = tl.dot(q, tl.trans(k)) * qk_scale + kb[None, :]
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # only -inf seen yet: p = 0, not NaN
+        p = tl.math.exp2(s - m_sub[:, None])
+        alpha = tl.math.exp2(m_i - m_sub)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(V.dtype.element_ty), v, acc * alpha[:, None])
+        m_i = m_new
+    bv = tl.load(BV + n * HEAD_DIM + offs_d).to(tl.float32)
+    y = tl.where((l_i > 0.0)[:, None], acc / l_i[:, None] + bv[None, :], 0.0)
+    y_ptrs = Y + (b * SQ + offs_m).to(tl.int64)[:, None] * hidden + n * HEAD_DIM + offs_d[None, :]
+    tl.store(y_ptrs, y.to(Y.dtype.element_ty), mask=(offs_m < SQ)[:, None])
+
+
+@triton.jit
 def attention_fwd(
     Q, K, V, KB, BQ, BV, Y, N, SQ, SKV, scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PACKED: tl.constexpr = False,
+    PACKED: tl.constexpr = False, WS: tl.constexpr = False,
 ):
+    if WS:  # Hopper: TMA and warp specialisation (_attention_ws), head dims that are powers of two
+        tl.static_assert(BLOCK_D == HEAD_DIM)
+        _attention_ws(Q, K, V, KB, BQ, BV, Y, N, SQ, SKV, scale, HEAD_DIM, BLOCK_M, BLOCK_N, PACKED)
+        return
     # One flat grid of cdiv(SQ, BLOCK_M) * B * N programs (no 65535 limit on grid.x), the query block
     # varying fastest: the programs of one head run side by side and share its K/V in L2.
     pid = tl.program_id(0)
@@ -225,10 +293,23 @@ def _check_like(fn: str, ref, named, out) -> None:
 def _launch(q, k, v, key_bias, q_bias, v_bias, y, num_heads, sq, skv, scale, d, config, *, packed: bool):
     import torch
 
-    cfg = block_config(d, {torch.float32: "float", torch.float16: "float16", torch.bfloat16: "bfloat16"}[q.dtype])
+    type_name = {torch.float32: "float", torch.float16: "float16", torch.bfloat16: "bfloat16"}[q.dtype]
+    cfg = block_config(d, type_name)
     cfg.update(config or {})
+    ws = bool(cfg.get("WS", False))
+    if ws:
+        # the interpreter (CPU tests) runs it as any GPU would
+        major, minor = (WS_ARCH // 10, 0) if q.device.type == "cpu" else torch.cuda.get_device_capability(q.device)
+        arch = 10 * major + minor
+        if not ws_supported(d, type_name, arch, packed) or skv % 16:
+            raise ValueError(f"attention: the warp-specialised kernel (WS) takes fp16/bf16 at head dims "
+                             f"{', '.join(map(str, WS_HEAD_DIMS))} (not packed at 128) and key counts that are "
+                             f"multiples of 16, on sm_{WS_ARCH} on; got {type_name}, head dim {d}, {skv} keys, "
+                             f"sm_{arch}")
+        # Triton's global scratch, where the kernel makes its tensor descriptors
+        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=q.device))
     grid = (triton.cdiv(sq, cfg["BLOCK_M"]) * q.shape[0] * num_heads,)
     if grid[0]:
         attention_fwd[grid](q, k, v, key_bias, q_bias, v_bias, y, num_heads, sq, skv, float(scale),
                             HEAD_DIM=d, BLOCK_D=cfg["BLOCK_D"], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-                            PACKED=packed, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                            PACKED=packed, WS=ws, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])

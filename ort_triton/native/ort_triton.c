@@ -4,6 +4,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -171,6 +172,32 @@ static OrtStatus *describe(const OrtApi *api, const ot_op *op, int index, const 
   return NULL;
 }
 
+/* Programs of a grid (the plan checked each axis fits). */
+static size_t grid_programs(const unsigned grid[3]) { return (size_t)grid[0] * grid[1] * grid[2]; }
+
+/* Triton's global scratch for a plan's launches (0 for kernels that need none): the largest a program over the
+ * spec's images, whichever arch runs, times the larger grid; SIZE_MAX when that overflows. */
+static size_t triton_scratch_bytes(const ot_plan *plan) {
+  size_t each = 0;
+  for (int i = 0; i < plan->spec->n_images; i++)
+    if (plan->spec->images[i].global_scratch > each) each = plan->spec->images[i].global_scratch;
+  size_t programs = grid_programs(plan->grid);
+  if (plan->n_launches > 1 && grid_programs(plan->grid2) > programs) programs = grid_programs(plan->grid2);
+  if (each && programs > SIZE_MAX / each) return SIZE_MAX;
+  return each * programs;
+}
+
+/* Gives a workspace back to ORT's arena; NULL or the failed call's status. */
+static OrtStatus *allocator_free(const OrtApi *api, OrtKernelContext *context, const OrtMemoryInfo *memory,
+                                 void *block) {
+  OrtAllocator *allocator = NULL;
+  OrtStatus *failed = api->KernelContext_GetAllocator(context, memory, &allocator);
+  if (failed) return failed;
+  allocator->Free(allocator, block);
+  api->ReleaseAllocator(allocator);
+  return NULL;
+}
+
 static OrtStatus *ORT_API_CALL kernel_compute(void *state, OrtKernelContext *context) {
   const ot_kernel *k = state;
   const OrtApi *api = k->api;
@@ -230,17 +257,34 @@ static OrtStatus *ORT_API_CALL kernel_compute(void *state, OrtKernelContext *con
 
   /* A workspace (a split's chunk states) from ORT's arena on the outputs' device, stream-ordered: it goes
    * back to the arena once both launches are enqueued, and the next kernel on the stream that reuses it runs
-   * after them. */
+   * after them. Triton's global scratch (device-made TMA descriptors, a slice a program) comes the same way,
+   * after the workspace: sized for the larger grid and the largest image of the spec, whichever arch runs. */
+  const size_t global_scratch = triton_scratch_bytes(&plan);
+  const size_t workspace = (plan.scratch_bytes + 255) / 256 * 256; /* the global scratch starts aligned */
+  if (global_scratch > SIZE_MAX - workspace) {
+    snprintf(err, sizeof err, "grid %u x %u x %u needs more Triton scratch than memory can address", plan.grid[0],
+             plan.grid[1], plan.grid[2]);
+    return op_status(api, ORT_INVALID_ARGUMENT, op, err);
+  }
+  const size_t total = workspace + global_scratch;
   const OrtMemoryInfo *device_memory = NULL;
-  if (plan.scratch_bytes) {
+  void *block = NULL;
+  if (total) {
     TRY(api->GetTensorMemoryInfo(first_output, &device_memory), "reading the output's device");
-    TRY(api->KernelContext_GetScratchBuffer(context, device_memory, plan.scratch_bytes, &plan.scratch),
-        "allocating the workspace");
-    if (!plan.scratch) {
-      snprintf(err, sizeof err, "ORT gave no workspace of %zu bytes", plan.scratch_bytes);
+    TRY(api->KernelContext_GetScratchBuffer(context, device_memory, total, &block), "allocating the workspace");
+    if (!block) {
+      snprintf(err, sizeof err, "ORT gave no workspace of %zu bytes", total);
       return op_status(api, ORT_FAIL, op, err);
     }
+    if (global_scratch && (uintptr_t)block % 256) { /* the AOT build took scratch aligned to a divisor of 256 */
+      snprintf(err, sizeof err, "ORT's workspace of %zu bytes is not 256-byte aligned", total);
+      OrtStatus *failed = allocator_free(api, context, device_memory, block);
+      if (failed) api->ReleaseStatus(failed);
+      return op_status(api, ORT_FAIL, op, err);
+    }
+    if (plan.scratch_bytes) plan.scratch = block;
   }
+  void *triton_scratch = global_scratch ? (char *)block + workspace : NULL;
   OrtStatus *status = NULL;
   const int n_launches = plan.n_launches > 1 ? plan.n_launches : 1;
   for (int l = 0; l < n_launches && !status; l++) {
@@ -254,23 +298,19 @@ static OrtStatus *ORT_API_CALL kernel_compute(void *state, OrtKernelContext *con
       status = op_status(api, ORT_FAIL, op, err);
       break;
     }
-    /* Triton 3.6 kernels end with two pointers, global scratch and profile scratch; these kernels
-     * use neither. */
-    void *scratch[2] = {NULL, NULL};
+    /* Triton 3.6 kernels end with two pointers, global scratch and profile scratch; no kernel here uses
+     * the second. */
+    void *scratch[2] = {triton_scratch, NULL};
     params[n] = &scratch[0];
     params[n + 1] = &scratch[1];
     if (ot_cuda_launch(plan.spec, l ? plan.grid2 : plan.grid, stream, params, err, sizeof err))
       status = op_status(api, ORT_FAIL, op, err);
   }
-  if (plan.scratch) {
-    OrtAllocator *allocator = NULL;
-    OrtStatus *failed = api->KernelContext_GetAllocator(context, device_memory, &allocator);
-    if (!failed) {
-      allocator->Free(allocator, plan.scratch);
-      api->ReleaseAllocator(allocator);
-    } else if (!status) {
+  if (block) {
+    OrtStatus *failed = allocator_free(api, context, device_memory, block);
+    if (failed && !status) {
       status = api_status(api, op, failed, "returning the workspace");
-    } else {
+    } else if (failed) {
       api->ReleaseStatus(failed);
     }
   }
@@ -486,6 +526,9 @@ static int plan_hook(const char *op_name, int elem_type, int arch, int n_inputs,
   if (plan.n_launches > 1 && used > 0 && (size_t)used < msg_len)
     used += snprintf(msg + used, msg_len - (size_t)used, " grid2=%u,%u,%u scratch=%zu", plan.grid2[0],
                      plan.grid2[1], plan.grid2[2], plan.scratch_bytes);
+  const size_t triton_scratch = triton_scratch_bytes(&plan);
+  if (triton_scratch && used > 0 && (size_t)used < msg_len)
+    used += snprintf(msg + used, msg_len - (size_t)used, " triton_scratch=%zu", triton_scratch);
   for (int i = 0; i < n_outputs && used > 0 && (size_t)used < msg_len; i++) { /* the shapes the node will get */
     char shape[160];
     used += snprintf(msg + used, msg_len - (size_t)used, " out%d=%s", i,

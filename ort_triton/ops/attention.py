@@ -140,6 +140,22 @@ def block_d(head_dim: int) -> int:
     return max(16, 1 << (head_dim - 1).bit_length())
 
 
+# The warp-specialised kernel (kernels/attention.py `_attention_ws`, the spec constexpr WS): Hopper on, fp16 and
+# bf16, head dims that are a power of two (its TMA boxes are [rows, D] at column n * D, with no lanes to mask),
+# key counts that are multiples of 16 (the key bias as a [B, SKV] descriptor: TMA wants its rows 16-byte aligned).
+# Not yet a built-in config: it is a candidate `ort-triton tune` times on sm_90 (every tuned spec is timed
+# against the built-in first). Triton 3.6's pass rejects the packed kernel at head dim 128 (Q's bias in
+# registers: the compile fails inside the warp-specialisation pass).
+WS_ARCH = 90
+WS_HEAD_DIMS = (32, 64, 128)
+
+
+def ws_supported(head_dim: int, type_name: str, arch: int, packed: bool = False) -> bool:
+    """Whether the warp-specialised kernel compiles for this head dim, element type and arch."""
+    return (arch >= WS_ARCH and type_name != "float" and head_dim in WS_HEAD_DIMS
+            and not (packed and head_dim == 128))
+
+
 def block_config(head_dim: int, type_name: str) -> dict:
     """Tile sizes and launch options for a head dim and element type (pre_hopper: those for sm_8x, or None
     for the same). BLOCK_D is the head dim rounded up to a power of two (Triton's tiles are powers of two;
@@ -171,19 +187,21 @@ def _spec(type_name: str, keys: tuple[tuple[int, int], ...], cfg: dict, packed: 
     aligned lo = 1 promises Sq and Skv multiples of 16. packed: the kernel of PackedMultiHeadAttention
     (ops/packed_attention.py)."""
     d, aligned = keys[0][0], keys[1][0]
+    if cfg.get("WS") and not aligned:
+        raise ValueError("attention: a warp-specialised (WS) spec needs the aligned keys (Sq, Skv multiples of 16)")
     return Spec(
         constexprs={"HEAD_DIM": d, "BLOCK_D": block_d(d), "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"],
-                    "PACKED": packed},
+                    "PACKED": packed, "WS": bool(cfg.get("WS", False))},
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         keys=tuple(keys),
         pre_hopper=cfg.get("pre_hopper"),
         consts=(cfg["BLOCK_M"], cfg["BLOCK_N"], d),
         divisible_by_16=("Q", "K", "V", "KB", "BQ", "BV", "Y") + (("SQ", "SKV") if aligned else ()),
+        min_arch=WS_ARCH if cfg.get("WS") else 0,
     )
 
 
 # ---- tuning (ort-triton tune) -------------------------------------------------------------------------
-_TUNED = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 
 
 def _tune_keys(type_name: str, shapes: list, attrs: dict, n_outputs: int = 1) -> tuple[int, ...]:
@@ -196,14 +214,20 @@ def _tune_bucket(keys: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
     return ((keys[0], keys[0]), (keys[1], 1), pow2_bucket(keys[2]), pow2_bucket(keys[3]))
 
 
-def _tune_candidates(type_name: str, keys: tuple[int, ...], arch: int) -> list[dict]:
-    """The built-in config for arch, then the tiles around it (fp32: 3xTF32 dots, smaller tiles)."""
+def _tune_candidates(type_name: str, keys: tuple[int, ...], arch: int, packed: bool = False) -> list[dict]:
+    """The built-in config for arch, then the tiles around it (fp32: 3xTF32 dots, smaller tiles), then on Hopper
+    the warp-specialised kernel's: 128 rows (two consumer groups of 64: the pass's data partitioning), 4 warps
+    a group, key blocks of 64 and 128, 2 and 3 buffers."""
     cfg = block_config(keys[0], type_name)
     warps, stages = cfg["pre_hopper"] if cfg["pre_hopper"] and arch < 90 else (cfg["num_warps"], cfg["num_stages"])
     builtin = dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], num_warps=warps, num_stages=stages)
     half = type_name != "float"
     ms, ns = ((64, 128), (32, 64, 128)) if half else ((16, 32, 64), (16, 32, 64))
-    return tile_candidates(builtin, ms, ns)
+    candidates = tile_candidates(builtin, ms, ns)
+    if keys[1] and ws_supported(keys[0], type_name, arch, packed):  # the aligned bucket: the key bias's rows
+        candidates += [dict(c, WS=True) for c in tile_candidates(dict(BLOCK_M=128, BLOCK_N=128, num_warps=4,
+                                                                        num_stages=2), (128,), (64, 128), (4,))]
+    return candidates
 
 
 def _tune_runner(type_name: str, shapes: list, attrs: dict, keys: tuple, config: dict, device: str):

@@ -63,7 +63,8 @@ def _tune_runner(type_name: str, shapes: list, attrs: dict, keys: tuple, config:
     return lambda: packed_attention(qkv, key_bias, bias, heads, scale, out=y, config=config)
 
 
-TUNING = Tuning(keys=_tune_keys, bucket=mha.TUNING.bucket, candidates=mha.TUNING.candidates,
+TUNING = Tuning(keys=_tune_keys, bucket=mha.TUNING.bucket,
+                candidates=functools.partial(mha.TUNING.candidates, packed=True),
                 spec=functools.partial(mha.TUNING.spec, packed=True), runner=_tune_runner)
 
 

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Session 18's GPU calls, for the warp-specialised attention kernel (kernels/attention.py `_attention_ws`, a tuning
+# candidate on Hopper); carry [".ortgpu", ".ortinc"], start with `source .ortgpu/activate.sh &&`. STEPS picks them
+# (default "ws_tests ws_micro"), each bounded so a call ends inside 10 minutes:
+#   ws_tests  the WS kernel natively on CUDA (tests/ops/test_attention_ws_kernel.py), through ORT from a library
+#             built with WS entries (tests/gpu/test_attention_ws_ort.py), and the existing attention kernel tests
+#             (the kernel file changed); what Triton made of each WS spec (scripts/ws_attention_compile.py);
+#   ws_micro  issue 3: the WS configs against the built-in kernel and torch's sdpa at BERT-base's shapes, head dims
+#             64 (packed and not) and 128 (scripts/ws_attention_micro.py), bounded by MICRO_TIMEOUT;
+#   tune_ab   issues 3 and 8: tune BERT-base (the WS candidates among the rest, BUDGET_MIN), build the tuned library
+#             and time it against the default one with CUDA graphs in alternating rounds (bench.ab), bounded by
+#             AB_TIMEOUT. The table goes to $OUT/bert-base.tuning.json.
+source "$(dirname "$0")/gpu_env.sh"
+for step in ${STEPS:-ws_tests ws_micro}; do
+  case $step in
+  ws_tests)
+    PYTEST_PATHS="tests/ops/test_attention_ws_kernel.py tests/gpu/test_attention_ws_ort.py tests/ops/test_attention_kernel.py" \
+      TEST_TIMEOUT=${TEST_TIMEOUT:-240} gpu_tests
+    timeout "${COMPILE_TIMEOUT:-120}" python3 scripts/ws_attention_compile.py --json "$OUT/ws_attention_compile.jsonl" \
+      2>&1 | filter | tail -3 ;;
+  ws_micro)
+    timeout "${MICRO_TIMEOUT:-240}" python3 scripts/ws_attention_micro.py --shapes "${SHAPES:-1x128,8x128,32x128,1x512,8x512,32x512,8x2048}" \
+      --json "$OUT/ws_attention_micro.jsonl" 2>&1 | filter | tail -25 ;;
+  tune_ab)
+    fused=build/tune_work/bert-base.fp16.opt.onnx
+    python3 scripts/fused_bert_fp16.py "$fused" || exit 1
+    timeout "${TUNE_TIMEOUT:-240}" python3 -m ort_triton tune "$fused" --shapes "${SHAPES:-1x128,8x128,32x128,1x512,8x512,32x512,8x2048}" \
+      --budget-min "${BUDGET_MIN:-2}" -o "$OUT/bert-base.tuning.json" 2>&1 | filter | tee "$OUT/tune_bert-base.txt" | tail -25
+    timeout 150 python3 -m ort_triton build --arch 90 --tuning "$OUT/bert-base.tuning.json" -o build/lib_tuned -q || exit 1
+    export ORT_TRITON_TUNED_LIBRARY=$PWD/build/lib_tuned/libort_triton.so
+    timeout "${AB_TIMEOUT:-220}" python3 -m ort_triton.bench.ab --hf-config bert-base --a ort_triton_cuda_graph \
+      --b ort_triton_tuned_cuda_graph --shapes "${SHAPES:-1x128,8x128,32x128,1x512,8x512,32x512,8x2048}" \
+      --json "$OUT/ab_bert-base_default_vs_tuned.json" 2>&1 | filter | tail -12 ;;
+  *) echo "unknown step $step" >&2; exit 2 ;;
+  esac
+done

@@ -1,0 +1,86 @@
+"""The warp-specialised attention kernel as a tuning candidate (ops/attention.py `ws_supported`): offered on
+Hopper only, for what it compiles for; a table entry that asks it of an older GPU is refused; and a library
+built with a WS entry holds the kernel for sm_90 with what its launch needs (three warp groups, Triton's
+global scratch a program, which the native compute takes from ORT's arena), dispatched for its bucket on
+sm_90 only. The GPU run (tests/gpu/test_attention_ws_ort.py) checks its outputs through ORT."""
+
+import ctypes
+import json
+
+import pytest
+
+from ort_triton import tuning
+from ort_triton.ops import BY_NAME
+from tests import native_hooks
+from tests.conftest import run_cli
+
+MHA, PACKED = BY_NAME["MultiHeadAttention"], BY_NAME["PackedMultiHeadAttention"]
+
+
+def ws_configs(op, type_name, keys, arch):
+    return [c for c in op.tuning.candidates(type_name, keys, arch) if c.get("WS")]
+
+
+def test_offered_on_hopper_for_what_it_compiles():
+    aligned = (64, 1, 2048, 96)  # head dim, Sq and Skv multiples of 16, Sq, B * N
+    configs = ws_configs(MHA, "float16", aligned, 90)
+    assert {(c["BLOCK_N"], c["num_stages"]) for c in configs} == {(64, 2), (64, 3), (128, 2), (128, 3)}
+    assert all(c["BLOCK_M"] == 128 and c["num_warps"] == 4 for c in configs)
+    assert ws_configs(PACKED, "bfloat16", aligned, 90) == configs
+    assert ws_configs(PACKED, "float16", (32, 1, 128, 12), 90)
+    assert ws_configs(MHA, "float16", (128, 1, 128, 12), 90)
+    # not before Hopper, not fp32, not an unaligned bucket, not head dim 40, not packed at 128
+    refused = [(MHA, "float16", aligned, 80), (MHA, "float16", aligned, 89), (MHA, "float", aligned, 90),
+               (MHA, "float16", (64, 0, 2048, 96), 90), (MHA, "float16", (40, 1, 2048, 96), 90),
+               (PACKED, "float16", (128, 1, 128, 12), 90)]
+    for op, type_name, keys, arch in refused:
+        assert not ws_configs(op, type_name, keys, arch), (op.name, type_name, keys, arch)
+
+
+def _table(path, arch, keys, config):
+    path.write_text(json.dumps({"format": tuning.FORMAT, "arch": arch, "entries": [
+        {"op": "MultiHeadAttention", "type": "float16", "arch": arch, "keys": keys, "config": config,
+         "builtin": False}]}))
+    return path
+
+
+WS = dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=2, WS=1)
+BUCKET = [[64, 64], [1, 1], [257, 512], [9, 16]]  # head dim 64, aligned, Sq 257..512, B * N 9..16
+
+
+def test_an_entry_for_an_older_gpu_is_refused(tmp_path):
+    with pytest.raises(tuning.TuningError, match="for sm_90 on, not sm_80"):
+        tuning.load(_table(tmp_path / "t.json", 80, BUCKET, WS))
+    with pytest.raises(tuning.TuningError, match="Sq, Skv multiples of 16"):
+        tuning.load(_table(tmp_path / "t.json", 90, [[64, 64], [0, 1], [257, 512], [9, 16]], WS))
+
+
+def _plan(lib, b, s, heads, d, arch):
+    hidden = heads * d
+    rc, msg = native_hooks.plan_attrs(lib, "MultiHeadAttention", [[b, s, hidden]] * 3 + [[b, s], [hidden], [hidden]],
+                                      1, [heads, d**-0.5], native_hooks.FLOAT16, arch)
+    assert rc == 0, msg
+    return dict(kv.split("=") for kv in msg.split())
+
+
+@pytest.mark.slow
+def test_build_holds_the_kernel_with_its_scratch(tmp_path):
+    """Built for sm_80 and sm_90 (the built-in kernels are cached by tests/aot's default-arch build in CI)."""
+    table = _table(tmp_path / "t.json", 90, BUCKET, WS)
+    res = run_cli("build", "--arch", "80,90", "--tuning", table, "-o", tmp_path / "lib", timeout=1800)
+    assert "1 tuned spec(s) of 1 entries" in res.stdout, res.stdout
+    lib = native_hooks.load(tmp_path / "lib" / "libort_triton.so")
+    op = next(i for i in range(lib.ort_triton_num_ops()) if lib.ort_triton_op_name(i) == b"MultiHeadAttention"
+              and lib.ort_triton_op_type(i) == native_hooks.FLOAT16)
+    info = ctypes.create_string_buffer(512)
+    assert lib.ort_triton_spec_info(op, 0, info, 512) == 0
+    assert info.value.decode().endswith("keys=64:64,1:1,257:512,9:16 archs=90")
+
+    tuned = _plan(lib, 1, 512, 12, 64, 90)  # BERT-base at 1x512: 4 query blocks x 12 heads
+    assert tuned["spec"] == "0" and tuned["block"] == str(3 * 4 * 32)  # a producer and two consumer groups
+    assert int(tuned["shared"]) > 48 * 1024  # set past the default limit at load
+    programs = 4 * 12
+    assert int(tuned["triton_scratch"]) % programs == 0 and int(tuned["triton_scratch"]) // programs >= 128
+    # on sm_80, and for a shape outside the bucket, the built-in spec: no scratch
+    for other in (_plan(lib, 1, 512, 12, 64, 80), _plan(lib, 1, 1024, 12, 64, 90)):
+        assert other["spec"] != "0" and "triton_scratch" not in other and other["block"] != "384"
