@@ -9,7 +9,13 @@
 #             64 (packed and not) and 128 (scripts/ws_attention_micro.py), bounded by MICRO_TIMEOUT;
 #   tune_ab   issues 3 and 8: tune BERT-base (the WS candidates among the rest, BUDGET_MIN), build the tuned library
 #             and time it against the default one with CUDA graphs in alternating rounds (bench.ab), bounded by
-#             AB_TIMEOUT. The table goes to $OUT/bert-base.tuning.json.
+#             AB_TIMEOUT. The table goes to $OUT/bert-base.tuning.json;
+#   fm_tests  issue 5: CausalAttention's fused merge (one launch for a split decode) natively on CUDA (programs
+#             racing for the tickets) and through ORT (shapes in a row, threads, a CUDA graph), with the
+#             CausalAttention kernel and GPU tests (the kernel file changed);
+#   fm_ab     issue 5: Llama-1B's decode with the fused merge on every split decode bucket (scripts/fused_merge_table.py,
+#             built as a tuned library) against the default library, CUDA graphs, alternating rounds
+#             (scripts/gpu_ab_decoder.sh with TABLE; a cold machine spends ~3 min exporting first).
 source "$(dirname "$0")/gpu_env.sh"
 for step in ${STEPS:-ws_tests ws_micro}; do
   case $step in
@@ -31,6 +37,15 @@ for step in ${STEPS:-ws_tests ws_micro}; do
     timeout "${AB_TIMEOUT:-220}" python3 -m ort_triton.bench.ab --hf-config bert-base --a ort_triton_cuda_graph \
       --b ort_triton_tuned_cuda_graph --shapes "${SHAPES:-1x128,8x128,32x128,1x512,8x512,32x512,8x2048}" \
       --json "$OUT/ab_bert-base_default_vs_tuned.json" 2>&1 | filter | tail -12 ;;
+  fm_tests)
+    PYTEST_PATHS="tests/ops/test_causal_attention_fused_merge.py tests/gpu/test_causal_attention_fused_merge_ort.py tests/gpu/test_causal_attention_gpu.py tests/ops/test_causal_attention_kernel.py" \
+      TEST_TIMEOUT=${TEST_TIMEOUT:-240} gpu_tests ;;
+  fm_ab)
+    mkdir -p build/ab_decoder
+    python3 scripts/fused_merge_table.py build/ab_decoder/fused_merge.json || exit 1
+    rm -f build/ab_decoder/lib_tuned/libort_triton.so
+    TABLE=build/ab_decoder/fused_merge.json AA=0 PREFILL=${PREFILL:-1x512} DECODE=${DECODE:-1x1024,1x4096,16x1024} \
+      ROUNDS=${ROUNDS:-4} bash scripts/gpu_ab_decoder.sh ;;
   *) echo "unknown step $step" >&2; exit 2 ;;
   esac
 done

@@ -30,6 +30,14 @@ MERGE_BLOCK chunks at a time, their loads issued together (`_merge_blocked`; ops
 `merge_block` sizes it); MERGE_BLOCK = 0 merges one chunk after another, each step waiting on its loads
 (kept so that the GPU sweep can time both).
 WS: acc [programs, chunks, BLOCK_M, BLOCK_D], then (m, l) [programs, chunks, BLOCK_M, 2].
+
+PHASE 3 does both in one launch (FUSED_MERGE specs): each chunk's program stores its state as PHASE 1 does, then
+takes a ticket from its row tile's counter CNT[pid] (a barrier first, so that every thread's stores come before
+the program's release; the ticket's acquire then orders the merge's loads after every other chunk's stores);
+the program that draws the last ticket merges the chunks as PHASE 2 does, writes Y, and sets the counter back
+to 0. So the counters must start at 0, and each launch leaves them so: the native library keeps a zeroed buffer
+per node and CUDA stream (native/ort_triton.c), the torch entry one per device. The merge's loads bypass L1 (".cg"):
+another SM wrote those lines during this launch.
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ import triton
 import triton.language as tl
 
 from ..ops.attention import HEAD_DIMS
-from ..ops.causal_attention import SPLIT_MIN_KEYS, block_config, merge_of, split_keys, workspace_floats
+from ..ops.causal_attention import MERGE_COUNTERS, SPLIT_MIN_KEYS, block_config, merge_of, split_keys, workspace_floats
 from .attention import _BIAS_FLOOR, _LOG2E, _attend
 
 
@@ -80,7 +88,8 @@ def _merge_blocked(WS, ws_ml, ws_acc, first, n_merge, m_i, l_i, acc, BLOCK_M: tl
     for c0 in range(0, n_merge, MERGE_BLOCK):
         m_new = m_i
         for j in tl.static_range(MERGE_BLOCK):
-            m_c = tl.load(ws_ml + (first + c0 + j) * (BLOCK_M * 2), mask=c0 + j < n_merge, other=float("-inf"))
+            m_c = tl.load(ws_ml + (first + c0 + j) * (BLOCK_M * 2), mask=c0 + j < n_merge, other=float("-inf"),
+                          cache_modifier=".cg")
             m_new = tl.maximum(m_new, m_c)
         m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # no chunk saw a key yet: every weight 0, no NaN
         alpha = tl.math.exp2(m_i - m_sub)
@@ -89,9 +98,9 @@ def _merge_blocked(WS, ws_ml, ws_acc, first, n_merge, m_i, l_i, acc, BLOCK_M: tl
         for j in tl.static_range(MERGE_BLOCK):
             part = first + c0 + j
             ok = c0 + j < n_merge
-            m_c = tl.load(ws_ml + part * (BLOCK_M * 2), mask=ok, other=float("-inf"))  # again: an L1 hit
-            l_c = tl.load(ws_ml + part * (BLOCK_M * 2) + 1, mask=ok, other=0.0)
-            acc_c = tl.load(WS + part * (BLOCK_M * BLOCK_D) + ws_acc, mask=ok, other=0.0)
+            m_c = tl.load(ws_ml + part * (BLOCK_M * 2), mask=ok, other=float("-inf"), cache_modifier=".cg")  # again
+            l_c = tl.load(ws_ml + part * (BLOCK_M * 2) + 1, mask=ok, other=0.0, cache_modifier=".cg")
+            acc_c = tl.load(WS + part * (BLOCK_M * BLOCK_D) + ws_acc, mask=ok, other=0.0, cache_modifier=".cg")
             w = tl.math.exp2(m_c - m_sub)  # 0 for a chunk without keys (m_c = -inf)
             l_i += l_c * w
             acc += acc_c * w[:, None]
@@ -101,18 +110,19 @@ def _merge_blocked(WS, ws_ml, ws_acc, first, n_merge, m_i, l_i, acc, BLOCK_M: tl
 
 @triton.jit(do_not_specialize=["T", "SPLIT", "PHASE"])  # as the AOT build: no variant per value
 def causal_attention_fwd(
-    Q, K, V, KB, Y, WS, NQ, NKV, S, T, scale, MEAN_ROWS, SPLIT, PHASE,
+    Q, K, V, KB, Y, WS, NQ, NKV, S, T, scale, MEAN_ROWS, SPLIT, PHASE, CNT,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT_K: tl.constexpr, MERGE_BLOCK: tl.constexpr,
 ):
     # flat grid: cdiv(G * S, BLOCK_M) * B * NKV programs, the row block fastest (the programs of one KV
-    # head run side by side and share its K/V in L2); PHASE 1: times the chunks, the chunk fastest
+    # head run side by side and share its K/V in L2); PHASE 1 and 3: times the chunks, the chunk fastest
     pid = tl.program_id(0)
     if SPLIT_K:
         phase = tl.full([], 0, tl.int32) + PHASE
         split = tl.full([], 0, tl.int64) + SPLIT  # keys per chunk, >= 1 in every phase
         n_split = (tl.full([], 0, tl.int64) + T + split - 1) // split
-        per = tl.where(phase == 1, n_split, 1)
+        chunked = (phase == 1) | (phase == 3)  # a program per chunk, storing its state
+        per = tl.where(chunked, n_split, 1)
         n_prog = tl.num_programs(0) // per
         chunk = pid % per
         pid = pid // per
@@ -159,12 +169,12 @@ def causal_attention_fwd(
     kv_end = offset + i_hi + 1
     full_end = ((offset + i_lo + 1) // BLOCK_N) * BLOCK_N
 
-    # the keys this program visits: all it sees (PHASE 0), one chunk of them (1), none (2: it merges)
+    # the keys this program visits: all it sees (PHASE 0), one chunk of them (1, 3), none (2: it merges)
     lo = 0
     hi = kv_end
     if SPLIT_K:
-        lo = tl.where(phase == 1, chunk * split, 0)
-        hi = tl.where(phase == 0, kv_end, tl.where(phase == 1, tl.minimum(lo + split, kv_end), 0))
+        lo = tl.where(chunked, chunk * split, 0)
+        hi = tl.where(phase == 0, kv_end, tl.where(chunked, tl.minimum(lo + split, kv_end), 0))
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -185,11 +195,18 @@ def causal_attention_fwd(
         ws_acc = (offs_m[:, None] * BLOCK_D + offs_d[None, :]).to(tl.int64)
         ws_ml = WS + n_prog * n_split * (BLOCK_M * BLOCK_D) + offs_m * 2
         part = pid * n_split + chunk
-        store = (phase == 1) & (offs_m < BLOCK_M)  # every row: the phase test as a [BLOCK_M] mask
+        store = chunked & (offs_m < BLOCK_M)  # every row: the phase test as a [BLOCK_M] mask
         tl.store(WS + part * (BLOCK_M * BLOCK_D) + ws_acc, acc, mask=store[:, None])
         tl.store(ws_ml + part * (BLOCK_M * 2), m_i, mask=store)
         tl.store(ws_ml + part * (BLOCK_M * 2) + 1, l_i, mask=store)
-        n_merge = tl.where(phase == 2, n_split, 0)  # PHASE 2: merge the chunks
+        # PHASE 3: every thread's stores, then the program's ticket; the last of the row tile's chunks merges
+        tl.debug_barrier()
+        ticket = tl.atomic_add(CNT + pid, 1, mask=phase == 3, sem="acq_rel", scope="gpu")
+        last = (phase == 3) & (ticket == n_split - 1)
+        m_i = tl.where(last, float("-inf"), m_i)  # it merges every chunk from WS, its own too: start empty
+        l_i = tl.where(last, 0.0, l_i)
+        acc = tl.where(last, 0.0, acc)
+        n_merge = tl.where((phase == 2) | last, n_split, 0)  # PHASE 2 (and 3's last): merge the chunks
         if MERGE_BLOCK == 0:  # one chunk after another (each step waits on its loads)
             for c in range(0, n_merge):
                 part = pid * n_split + c
@@ -205,7 +222,8 @@ def causal_attention_fwd(
         else:
             m_i, l_i, acc = _merge_blocked(WS, ws_ml, ws_acc, pid * n_split, n_merge, m_i, l_i, acc,
                                            BLOCK_M, BLOCK_D, MERGE_BLOCK)
-        finish = phase != 1
+        finish = (phase == 0) | (phase == 2) | last
+        tl.store(CNT + pid, 0, mask=last)  # back to 0 for the next launch: every chunk has drawn its ticket
 
     fill = tl.zeros([BLOCK_D], tl.float32)
     empty = tl.sum(((l_i == 0.0) & row_ok).to(tl.int32), 0)
@@ -259,9 +277,10 @@ def causal_attention(q, k, v, key_bias, scale, masked_rows=0, *, out=None, confi
         return y
     chunk = split_keys(t, programs, cfg["BLOCK_N"], cfg["SPLIT_TARGET"], cfg.get("SPLIT_MIN_KEYS", SPLIT_MIN_KEYS))
 
-    def launch(ws, split, phase, grid):
+    def launch(ws, split, phase, grid, counters=None):
         causal_attention_fwd[(grid,)](
             q, k, v, key_bias, y, ws, nq, nkv, s, t, float(scale), int(masked_rows), split, phase,
+            merge_counters(q.device, 0) if counters is None else counters,  # CNT: touched only in PHASE 3
             HEAD_DIM=d, BLOCK_D=cfg["BLOCK_D"], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
             SPLIT_K=cfg["SPLIT_TARGET"] > 0, MERGE_BLOCK=merge_of(cfg, d), num_warps=cfg["num_warps"],
             num_stages=cfg["num_stages"], **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}))
@@ -272,6 +291,25 @@ def causal_attention(q, k, v, key_bias, scale, masked_rows=0, *, out=None, confi
     n_split = triton.cdiv(t, chunk)
     ws = torch.empty(workspace_floats(programs, n_split, cfg["BLOCK_M"], cfg["BLOCK_D"]), dtype=torch.float32,
                      device=q.device)
+    if cfg.get("FUSED_MERGE"):  # one launch: the last chunk of each row tile merges (PHASE 3)
+        launch(ws, chunk, 3, programs * n_split, merge_counters(q.device, programs))
+        return y
     launch(ws, chunk, 1, programs * n_split)  # each chunk's state
     launch(ws, chunk, 2, programs)  # merged, and Y
     return y
+
+
+_COUNTERS: dict = {}
+
+
+def merge_counters(device, programs: int):
+    """PHASE 3's ticket counters on `device`: one zeroed int32 buffer of MERGE_COUNTERS, kept for the process (each
+    launch leaves it zeroed, and launches on one stream run one after another, as the tuner's and tests' do)."""
+    import torch
+
+    if programs > MERGE_COUNTERS:
+        raise ValueError(f"causal_attention: {programs} row tiles need more merge counters than {MERGE_COUNTERS}")
+    key = str(device)
+    if key not in _COUNTERS:
+        _COUNTERS[key] = torch.zeros(MERGE_COUNTERS, dtype=torch.int32, device=device)
+    return _COUNTERS[key]

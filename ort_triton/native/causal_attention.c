@@ -7,11 +7,13 @@
  * Dispatch keys: the head dim D (exact), the packed rows G * S of one program (G = Nq / Nkv): the decode spec
  * for rows up to the contract's DECODE_ROWS, the prefill spec beyond; B * Nkv and T (the built-in specs take
  * any; a tuning table's narrow them to buckets).
- * Spec consts = (BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, SPLIT_TARGET, SPLIT_MIN_KEYS).
+ * Spec consts = (BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, SPLIT_TARGET, SPLIT_MIN_KEYS, FUSED_MERGE).
  * Grid: one flat axis of ceil(G * S / BLOCK_M) * B * Nkv programs, the row block fastest. A spec with a split
  * target below which the programs fall splits the cache into chunks (split_keys in the contract, mirrored
  * by split_keys here): launch 0 runs programs * chunks (PHASE 1, chunk states into the workspace),
- * launch 1 the programs again (PHASE 2, the merge and Y).
+ * launch 1 the programs again (PHASE 2, the merge and Y). A FUSED_MERGE spec offers the generic code to run both
+ * as one launch over merge counters (plan->merge_counters, one a row tile): PHASE 3 on the first grid, where the
+ * last chunk of each row tile merges.
  * The generic code (ort_triton.c) has already checked presence of inputs and element types. */
 #include <limits.h>
 #include <stdio.h>
@@ -23,7 +25,10 @@
 enum { IN_Q, IN_K, IN_V, IN_KEY_BIAS, N_INPUTS };
 enum { ATTR_SCALE, ATTR_MASKED_ROWS, N_ATTRS };
 enum { KEY_HEAD_DIM, KEY_ROWS, KEY_BATCH_KV_HEADS, KEY_KEYS, N_KEYS };
-enum { CONST_BLOCK_M, CONST_BLOCK_N, CONST_HEAD_DIM, CONST_BLOCK_D, CONST_SPLIT_TARGET, CONST_SPLIT_MIN_KEYS };
+enum {
+  CONST_BLOCK_M, CONST_BLOCK_N, CONST_HEAD_DIM, CONST_BLOCK_D, CONST_SPLIT_TARGET, CONST_SPLIT_MIN_KEYS,
+  CONST_FUSED_MERGE
+};
 enum { VALUE_SPLIT }; /* plan->values: keys per chunk, 0 for one pass */
 
 /* The contract's split_keys (ops/causal_attention.py): keys per chunk, 0 for one pass. */
@@ -177,6 +182,7 @@ int ot_causal_attention_plan(const ot_op *op, const ot_desc *in, int n_inputs, i
     plan->grid2[1] = 1;
     plan->grid2[2] = 1;
     plan->scratch_bytes = (size_t)(programs * chunks * block_m * (block_d + 2)) * sizeof(float);
+    if (spec->consts[CONST_FUSED_MERGE] && programs <= OT_MERGE_COUNTERS) plan->merge_counters = (size_t)programs;
   }
   ot_desc *y = &plan->outputs[0];
   y->present = 1;
@@ -192,6 +198,7 @@ int ot_causal_attention_params(const ot_op *op, const ot_plan *plan, const ot_de
                                const double *attrs, void *storage, void **params) {
   /* Y, then the workspace (NULL in one pass, where the kernel never touches it) */
   void *const pointers[6] = {ptrs[IN_Q], ptrs[IN_K], ptrs[IN_V], ptrs[IN_KEY_BIAS], ptrs[op->n_inputs], plan->scratch};
+  void *const counters = plan->counters; /* CNT: the merge counters of PHASE 3, else NULL (never touched) */
   const int32_t nq = (int32_t)in[IN_Q].dims[1]; /* the plan checked these fit int32 */
   const int32_t nkv = (int32_t)in[IN_K].dims[1];
   const int32_t s = (int32_t)in[IN_Q].dims[2];
@@ -199,9 +206,9 @@ int ot_causal_attention_params(const ot_op *op, const ot_plan *plan, const ot_de
   const float scale = (float)attrs[ATTR_SCALE];
   const int32_t mean_rows = (int32_t)attrs[ATTR_MASKED_ROWS];
   const int64_t chunk = plan->values[VALUE_SPLIT];
-  /* keys per chunk (>= 1 in every phase: the kernel divides by it); PHASE 0 one pass, 1 chunks, 2 merge */
+  /* keys per chunk (>= 1 in every phase: the kernel divides by it); PHASE 0 one pass, 1 chunks, 2 merge, 3 both */
   const int32_t split = chunk ? (int32_t)chunk : (int32_t)plan->spec->consts[CONST_BLOCK_N];
-  const int32_t phase = chunk ? 1 + plan->launch : 0;
+  const int32_t phase = !chunk ? 0 : counters ? 3 : 1 + plan->launch;
 
   uint64_t *slot = storage;
   int n = 0;
@@ -214,5 +221,6 @@ int ot_causal_attention_params(const ot_op *op, const ot_plan *plan, const ot_de
   ot_put_param(slot, params, n++, &mean_rows, sizeof mean_rows);
   ot_put_param(slot, params, n++, &split, sizeof split);
   ot_put_param(slot, params, n++, &phase, sizeof phase);
+  ot_put_param(slot, params, n++, &counters, sizeof counters);
   return n;
 }

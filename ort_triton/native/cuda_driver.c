@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,7 @@ typedef struct CUctx_st *CUcontext;
 typedef struct CUmod_st *CUmodule;
 typedef struct CUfunc_st *CUfunction;
 typedef struct CUstream_st *CUstream;
+typedef unsigned long long CUdeviceptr;
 
 enum {
   CUDA_SUCCESS = 0,
@@ -44,6 +46,10 @@ static struct cu_api {
   CUresult (*cuLaunchKernel)(CUfunction fn, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,
                              unsigned block_y, unsigned block_z, unsigned shared_bytes, CUstream stream,
                              void **params, void **extra);
+  CUresult (*cuMemAlloc_v2)(CUdeviceptr *ptr, size_t bytes);
+  CUresult (*cuMemFree_v2)(CUdeviceptr ptr);
+  CUresult (*cuMemsetD32Async)(CUdeviceptr ptr, unsigned value, size_t n, CUstream stream);
+  CUresult (*cuStreamIsCapturing)(CUstream stream, int *status); /* CUstreamCaptureStatus: 0 = not capturing */
 } cu;
 
 #define CU_SYMBOL(name) {#name, offsetof(struct cu_api, name)}
@@ -55,7 +61,8 @@ static const struct {
     CU_SYMBOL(cuStreamGetCtx),   CU_SYMBOL(cuCtxPushCurrent_v2), CU_SYMBOL(cuCtxPopCurrent_v2),
     CU_SYMBOL(cuCtxGetDevice),   CU_SYMBOL(cuDeviceGetAttribute), CU_SYMBOL(cuModuleLoadData),
     CU_SYMBOL(cuModuleUnload),   CU_SYMBOL(cuModuleGetFunction), CU_SYMBOL(cuFuncSetAttribute),
-    CU_SYMBOL(cuLaunchKernel),
+    CU_SYMBOL(cuLaunchKernel),   CU_SYMBOL(cuMemAlloc_v2),       CU_SYMBOL(cuMemFree_v2),
+    CU_SYMBOL(cuMemsetD32Async), CU_SYMBOL(cuStreamIsCapturing),
 };
 
 static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
@@ -232,4 +239,51 @@ int ot_cuda_launch(const ot_spec *spec, const unsigned grid[3], void *stream, vo
     if (r != CUDA_SUCCESS && rc == 0) rc = cu_fail(r, "cuCtxPopCurrent", "", err, err_len);
   }
   return rc;
+}
+
+int ot_cuda_counters(void *stream, size_t n, void **ctx_out, void **ptr_out, char *err, size_t err_len) {
+  if (ot_cuda_driver_status(err, err_len)) return 1;
+  CUcontext ctx = NULL, current = NULL;
+  CUresult r = stream ? cu.cuStreamGetCtx((CUstream)stream, &ctx) : cu.cuCtxGetCurrent(&ctx);
+  if (r != CUDA_SUCCESS || !ctx) return cu_fail(r, "cuStreamGetCtx", "", err, err_len);
+  int capturing = 0;
+  if ((r = cu.cuStreamIsCapturing((CUstream)stream, &capturing)) != CUDA_SUCCESS)
+    return cu_fail(r, "cuStreamIsCapturing", "", err, err_len);
+  if (capturing) { /* no allocation inside a capture: the caller keeps its plan without the buffer */
+    snprintf(err, err_len, "the stream is capturing a CUDA graph");
+    return 1;
+  }
+  if ((r = cu.cuCtxGetCurrent(&current)) != CUDA_SUCCESS) return cu_fail(r, "cuCtxGetCurrent", "", err, err_len);
+  if (current != ctx && (r = cu.cuCtxPushCurrent_v2(ctx)) != CUDA_SUCCESS)
+    return cu_fail(r, "cuCtxPushCurrent", "", err, err_len);
+  CUdeviceptr ptr = 0;
+  int rc = 0;
+  if ((r = cu.cuMemAlloc_v2(&ptr, n * sizeof(unsigned))) != CUDA_SUCCESS) {
+    rc = cu_fail(r, "cuMemAlloc", "", err, err_len);
+  } else if ((r = cu.cuMemsetD32Async(ptr, 0, n, (CUstream)stream)) != CUDA_SUCCESS) {
+    rc = cu_fail(r, "cuMemsetD32Async", "", err, err_len);
+    cu.cuMemFree_v2(ptr);
+  }
+  if (current != ctx) {
+    CUcontext popped;
+    cu.cuCtxPopCurrent_v2(&popped);
+  }
+  if (rc == 0) {
+    *ctx_out = ctx;
+    *ptr_out = (void *)(uintptr_t)ptr;
+  }
+  return rc;
+}
+
+void ot_cuda_counters_free(void *ctx, void *ptr) {
+  char err[sizeof driver_error];
+  if (!ptr || ot_cuda_driver_status(err, sizeof err)) return;
+  CUcontext current = NULL;
+  if (cu.cuCtxGetCurrent(&current) != CUDA_SUCCESS) return;
+  if (current != (CUcontext)ctx && cu.cuCtxPushCurrent_v2((CUcontext)ctx) != CUDA_SUCCESS) return;
+  cu.cuMemFree_v2((CUdeviceptr)(uintptr_t)ptr); /* a context already gone took the memory with it: ignored */
+  if (current != (CUcontext)ctx) {
+    CUcontext popped;
+    cu.cuCtxPopCurrent_v2(&popped);
+  }
 }

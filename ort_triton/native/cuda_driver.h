@@ -27,4 +27,13 @@ int ot_cuda_stream_arch(void *stream, int *arch);
 int ot_cuda_launch(const ot_spec *spec, const unsigned grid[3], void *stream, void **params, char *err,
                    size_t err_len);
 
+/* n zeroed 32-bit counters in the context that owns stream (zeroed on the stream, so before anything enqueued on it
+ * after): 0 with the context and the device pointer, or 1 and why in err: no usable driver, an allocation that
+ * failed, or a stream capturing a CUDA graph (no allocation inside a capture). Thread-safe. */
+int ot_cuda_counters(void *stream, size_t n, void **ctx, void **ptr, char *err, size_t err_len);
+
+/* Frees what ot_cuda_counters made, with its context current for the call; failures are ignored (a context torn
+ * down already took the memory with it). */
+void ot_cuda_counters_free(void *ctx, void *ptr);
+
 #endif

@@ -29,12 +29,21 @@ static atomic_long launches;
 
 static const ot_op *table_op(const OrtCustomOp *base) { return ((const ot_custom_op *)base)->op; }
 
-/* Per-node state; read-only after creation, so concurrent runs of one session may share it. */
+/* A node's merge counters on one CUDA stream (ot_plan.merge_counters). */
+typedef struct ot_counters {
+  void *stream, *ctx, *ptr;
+  struct ot_counters *next;
+} ot_counters;
+
+/* Per-node state; read-only after creation but for the merge counters, which `lock` guards, so concurrent runs of
+ * one session may share it. */
 typedef struct {
   const OrtApi *api;
   const ot_op *op;
   int n_outputs;               /* outputs the node really has: trailing unnamed ("") ones dropped */
   double attrs[OT_MAX_ATTRS];  /* in contract order */
+  pthread_mutex_t lock;
+  ot_counters *counters;       /* one buffer per stream the node ran on: concurrent runs may use other streams */
 } ot_kernel;
 
 /* ONNX's names for the element types, indexed by ONNXTensorElementDataType. */
@@ -148,11 +157,48 @@ static OrtStatus *ORT_API_CALL kernel_create(const OrtCustomOp *base, const OrtA
   ot_kernel *state = malloc(sizeof *state);
   if (!state) return op_status(api, ORT_FAIL, op, "out of host memory creating the kernel");
   *state = k;
+  if (pthread_mutex_init(&state->lock, NULL)) {
+    free(state);
+    return op_status(api, ORT_FAIL, op, "could not create the kernel's lock");
+  }
   *out = state;
   return NULL;
 }
 
-static void ORT_API_CALL kernel_destroy(void *state) { free(state); }
+static void ORT_API_CALL kernel_destroy(void *state) {
+  ot_kernel *k = state;
+  for (ot_counters *c = k->counters, *next; c; c = next) {
+    next = c->next;
+    ot_cuda_counters_free(c->ctx, c->ptr);
+    free(c);
+  }
+  pthread_mutex_destroy(&k->lock);
+  free(k);
+}
+
+/* The node's merge counters on stream (OT_MERGE_COUNTERS zeroed int32; each launch that uses them leaves them
+ * zeroed, and launches on one stream run in order), made at the node's first run on that stream; NULL when none
+ * can be made now (inside a CUDA-graph capture, or the allocation failed): the plan then keeps its two launches. */
+static void *merge_counters(ot_kernel *k, void *stream) {
+  pthread_mutex_lock(&k->lock);
+  ot_counters *c = k->counters;
+  while (c && c->stream != stream) c = c->next;
+  void *ptr = c ? c->ptr : NULL;
+  if (!c) {
+    char err[OT_MSG_LEN];
+    ot_counters *fresh = malloc(sizeof *fresh);
+    if (fresh && ot_cuda_counters(stream, OT_MERGE_COUNTERS, &fresh->ctx, &fresh->ptr, err, sizeof err) == 0) {
+      fresh->stream = stream;
+      fresh->next = k->counters;
+      k->counters = fresh;
+      ptr = fresh->ptr;
+    } else {
+      free(fresh);
+    }
+  }
+  pthread_mutex_unlock(&k->lock);
+  return ptr;
+}
 
 /* Type and shape of one input, or a status. */
 static OrtStatus *describe(const OrtApi *api, const ot_op *op, int index, const OrtValue *value, ot_desc *d) {
@@ -199,7 +245,7 @@ static OrtStatus *allocator_free(const OrtApi *api, OrtKernelContext *context, c
 }
 
 static OrtStatus *ORT_API_CALL kernel_compute(void *state, OrtKernelContext *context) {
-  const ot_kernel *k = state;
+  ot_kernel *k = state;
   const OrtApi *api = k->api;
   const ot_op *op = k->op;
   char err[OT_MSG_LEN];
@@ -253,6 +299,12 @@ static OrtStatus *ORT_API_CALL kernel_compute(void *state, OrtKernelContext *con
              i < op->n_inputs ? "input" : "output",
              i < op->n_inputs ? op->inputs[i].name : op->outputs[i - op->n_inputs].name);
     return op_status(api, ORT_INVALID_ARGUMENT, op, err);
+  }
+
+  /* Two launches that can run as one over the node's merge counters on this stream, where it has them. */
+  if (plan.merge_counters && plan.merge_counters <= OT_MERGE_COUNTERS && plan.n_launches == 2) {
+    plan.counters = merge_counters(k, stream);
+    if (plan.counters) plan.n_launches = 1;
   }
 
   /* A workspace (a split's chunk states) from ORT's arena on the outputs' device, stream-ordered: it goes
@@ -526,6 +578,8 @@ static int plan_hook(const char *op_name, int elem_type, int arch, int n_inputs,
   if (plan.n_launches > 1 && used > 0 && (size_t)used < msg_len)
     used += snprintf(msg + used, msg_len - (size_t)used, " grid2=%u,%u,%u scratch=%zu", plan.grid2[0],
                      plan.grid2[1], plan.grid2[2], plan.scratch_bytes);
+  if (plan.merge_counters && used > 0 && (size_t)used < msg_len) /* one launch where compute has the counters */
+    used += snprintf(msg + used, msg_len - (size_t)used, " merge_counters=%zu", plan.merge_counters);
   const size_t triton_scratch = triton_scratch_bytes(&plan);
   if (triton_scratch && used > 0 && (size_t)used < msg_len)
     used += snprintf(msg + used, msg_len - (size_t)used, " triton_scratch=%zu", triton_scratch);

@@ -93,7 +93,14 @@ typedef struct {
   int64_t values[4];            /* the planner's own numbers for its params function */
   int launch;                   /* set by compute: which launch the params are for */
   void *scratch;                /* set by compute: the workspace, NULL when scratch_bytes is 0 */
+  /* A two-launch plan that can run as one, given this many zeroed 32-bit counters that each launch leaves zeroed
+   * (CausalAttention's fused merge); 0: none. At most OT_MERGE_COUNTERS. */
+  size_t merge_counters;
+  void *counters;               /* set by compute: those counters, the plan then one launch on grid; else NULL */
 } ot_plan;
+
+/* Merge counters a node keeps per CUDA stream (ops/causal_attention.py MERGE_COUNTERS, the same number). */
+#define OT_MERGE_COUNTERS 4096
 
 /* Per-op hand-written C (e.g. layer_norm.c).
  * plan:   check inputs (dtype, rank, shapes) and attributes, pick a spec, compute grid and output shapes; on

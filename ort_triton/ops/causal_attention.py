@@ -126,7 +126,7 @@ KERNEL = Kernel(
     fn_name="causal_attention_fwd",
     signature={"Q": "*{T}", "K": "*{T}", "V": "*{T}", "KB": "*{T}", "Y": "*{T}", "WS": "*fp32",
                "NQ": "i32", "NKV": "i32", "S": "i32", "T": "i32", "scale": "fp32", "MEAN_ROWS": "i32",
-               "SPLIT": "i32", "PHASE": "i32"},
+               "SPLIT": "i32", "PHASE": "i32", "CNT": "*i32"},
     native_plan="ot_causal_attention_plan",
     native_params="ot_causal_attention_params",
     # rows = G * S; programs = B * Nkv and keys = T only narrow tuned specs (the built-in ones take any)
@@ -220,6 +220,16 @@ def merge_of(cfg: dict, head_dim: int) -> int:
     return int(cfg.get("MERGE_BLOCK", merge_block(head_dim, cfg["BLOCK_M"], cfg["num_warps"])))
 
 
+# A split spec with FUSED_MERGE runs the chunks and their merge in one launch (PHASE 3, kernels/causal_attention.py):
+# the last chunk of each row tile to finish, by a ticket counter, merges. That saves the merge launch (PHASE 2 took
+# ~4 us of a ~10 us decode step's attention at Llama-1B's heads, batch 1: session 16), but needs zeroed counters
+# that outlive the launch: the native library keeps MERGE_COUNTERS of them per node and CUDA stream (concurrent runs
+# of a session may run on different streams), made at the node's first run on that stream outside a CUDA-graph
+# capture; a node first met inside one, or with more row tiles than counters, runs the two launches.
+# Not a built-in config until the H200 has timed it: a candidate `ort-triton tune` times for decode buckets.
+MERGE_COUNTERS = 4096
+
+
 def split_keys(t: int, programs: int, block_n: int, target: int, min_keys: int = SPLIT_MIN_KEYS) -> int:
     """Keys per chunk when `programs` programs stream T keys and a spec aims at `target` programs; 0 for
     one pass (no split asked, enough programs already, or a cache that makes one chunk). A multiple of
@@ -248,7 +258,7 @@ def _spec(type_name: str, keys: tuple[tuple[int, int], ...], cfg: dict) -> Spec:
                     "SPLIT_K": split > 0, "MERGE_BLOCK": merge_of(cfg, d)},
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         keys=tuple(keys),
-        consts=(cfg["BLOCK_M"], cfg["BLOCK_N"], d, block_d(d), split, SPLIT_MIN_KEYS),
+        consts=(cfg["BLOCK_M"], cfg["BLOCK_N"], d, block_d(d), split, SPLIT_MIN_KEYS, int(cfg.get("FUSED_MERGE", 0))),
         divisible_by_16=("Q", "K", "V", "KB", "Y", "WS"),
         maxnreg=cfg.get("maxnreg"),
     )
@@ -304,6 +314,7 @@ def _tune_candidates(type_name: str, keys: tuple[int, ...], arch: int) -> list[d
         tiles = tile_candidates(builtin, (16,), ns, warps=(4,))
         configs = [builtin] + [dict(t, SPLIT_TARGET=target) for target in (0, 128, 256, 512) for t in tiles]
         configs += [dict(c, maxnreg=DECODE_MAXNREG) for c in configs]
+        configs += [dict(c, FUSED_MERGE=1) for c in configs if c["SPLIT_TARGET"] and "maxnreg" not in c]
         unique: dict[tuple, dict] = {}  # each once, first come first (a tile with a target can repeat one)
         for c in configs:
             unique.setdefault(tuple(sorted(c.items())), c)

@@ -1,8 +1,10 @@
-"""The warp-specialised attention kernel as a tuning candidate (ops/attention.py `ws_supported`): offered on
-Hopper only, for what it compiles for; a table entry that asks it of an older GPU is refused; and a library
-built with a WS entry holds the kernel for sm_90 with what its launch needs (three warp groups, Triton's
-global scratch a program, which the native compute takes from ORT's arena), dispatched for its bucket on
-sm_90 only. The GPU run (tests/gpu/test_attention_ws_ort.py) checks its outputs through ORT."""
+"""The tuning candidates that are not built-in configs, since no GPU has timed them yet. The warp-specialised
+attention kernel (ops/attention.py `ws_supported`): offered on Hopper only, for what it compiles for; a table
+entry that asks it of an older GPU is refused. CausalAttention's fused merge (FUSED_MERGE: the split decode in
+one launch). A library built with both holds the WS kernel for sm_90 with what its launch needs (three warp
+groups, Triton's global scratch a program, which the native compute takes from ORT's arena), dispatched for its
+bucket on sm_90 only, and plans the fused merge's bucket with its counters (one a row tile). The GPU runs
+(tests/gpu/test_attention_ws_ort.py, tests/gpu/test_causal_attention_gpu.py) check their outputs through ORT."""
 
 import ctypes
 import json
@@ -37,15 +39,19 @@ def test_offered_on_hopper_for_what_it_compiles():
         assert not ws_configs(op, type_name, keys, arch), (op.name, type_name, keys, arch)
 
 
-def _table(path, arch, keys, config):
+def _table(path, arch, keys, config, more=()):
     path.write_text(json.dumps({"format": tuning.FORMAT, "arch": arch, "entries": [
         {"op": "MultiHeadAttention", "type": "float16", "arch": arch, "keys": keys, "config": config,
-         "builtin": False}]}))
+         "builtin": False}, *more]}))
     return path
 
 
 WS = dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=2, WS=1)
 BUCKET = [[64, 64], [1, 1], [257, 512], [9, 16]]  # head dim 64, aligned, Sq 257..512, B * N 9..16
+# Llama-1B's decode at batch 1 over 1024 keys: head dim 64, G * S = 4 rows, B * Nkv = 8, T 513..1024
+FUSED = {"op": "CausalAttention", "type": "float16", "arch": 90, "builtin": False,
+         "keys": [[64, 64], [3, 4], [5, 8], [513, 1024]],
+         "config": dict(BLOCK_M=16, BLOCK_N=128, num_warps=4, num_stages=2, SPLIT_TARGET=128, FUSED_MERGE=1)}
 
 
 def test_an_entry_for_an_older_gpu_is_refused(tmp_path):
@@ -66,9 +72,9 @@ def _plan(lib, b, s, heads, d, arch):
 @pytest.mark.slow
 def test_build_holds_the_kernel_with_its_scratch(tmp_path):
     """Built for sm_80 and sm_90 (the built-in kernels are cached by tests/aot's default-arch build in CI)."""
-    table = _table(tmp_path / "t.json", 90, BUCKET, WS)
+    table = _table(tmp_path / "t.json", 90, BUCKET, WS, [FUSED])
     res = run_cli("build", "--arch", "80,90", "--tuning", table, "-o", tmp_path / "lib", timeout=1800)
-    assert "1 tuned spec(s) of 1 entries" in res.stdout, res.stdout
+    assert "2 tuned spec(s) of 2 entries" in res.stdout, res.stdout
     lib = native_hooks.load(tmp_path / "lib" / "libort_triton.so")
     op = next(i for i in range(lib.ort_triton_num_ops()) if lib.ort_triton_op_name(i) == b"MultiHeadAttention"
               and lib.ort_triton_op_type(i) == native_hooks.FLOAT16)
@@ -84,3 +90,14 @@ def test_build_holds_the_kernel_with_its_scratch(tmp_path):
     # on sm_80, and for a shape outside the bucket, the built-in spec: no scratch
     for other in (_plan(lib, 1, 512, 12, 64, 80), _plan(lib, 1, 1024, 12, 64, 90)):
         assert other["spec"] != "0" and "triton_scratch" not in other and other["block"] != "384"
+
+    # the fused merge: the two launches' plan, offered as one over a counter a row tile (8 KV heads, 4 chunks)
+    rc, msg = native_hooks.plan_attrs(lib, "CausalAttention", [[1, 32, 1, 64], [1, 8, 1024, 64], [1, 8, 1024, 64],
+                                                               [1, 1024]], 1, [0.125, 0], native_hooks.FLOAT16, 90)
+    assert rc == 0, msg
+    fused = dict(kv.split("=") for kv in msg.split())
+    assert fused["spec"] == "0" and fused["grid"] == "32,1,1" and fused["grid2"] == "8,1,1"
+    assert fused["merge_counters"] == "8"
+    rc, msg = native_hooks.plan_attrs(lib, "CausalAttention", [[1, 32, 1, 64], [1, 8, 1024, 64], [1, 8, 1024, 64],
+                                                               [1, 1024]], 1, [0.125, 0], native_hooks.FLOAT16, 80)
+    assert rc == 0 and "grid2=8,1,1" in msg and "merge_counters" not in msg, msg  # the built-in spec: two launches
