@@ -101,3 +101,36 @@ def test_build_holds_the_kernel_with_its_scratch(tmp_path):
     rc, msg = native_hooks.plan_attrs(lib, "CausalAttention", [[1, 32, 1, 64], [1, 8, 1024, 64], [1, 8, 1024, 64],
                                                                [1, 1024]], 1, [0.125, 0], native_hooks.FLOAT16, 80)
     assert rc == 0 and "grid2=8,1,1" in msg and "merge_counters" not in msg, msg  # the built-in spec: two launches
+
+
+@pytest.mark.slow
+def test_tune_times_the_ws_candidates_and_keeps_the_winner(tmp_path):
+    """A float16 PackedMultiHeadAttention node at S = 16 (aligned): the tuner runs every candidate (under the
+    interpreter here, the WS ones through their TMA descriptors), a scripted timer makes the first WS one the
+    fastest, and the table's entry is that config, which loads as a spec for sm_90 on."""
+    import onnx
+
+    from ort_triton import tune
+    from ort_triton.ops.packed_attention import PACKED_MULTI_HEAD_ATTENTION
+    from tests.gpu.test_attention_ort import _node_model
+
+    heads, d = 2, 32
+    h = heads * d
+    model = _node_model(PACKED_MULTI_HEAD_ATTENTION, "float16", ["qkv", "key_bias", "bias"],
+                        [["b", "s", 3 * h], ["b", "s"], [3 * h]], ["b", "s", h], heads, d**-0.5)
+    onnx.save(model, tmp_path / "packed.onnx")
+    candidates = PACKED.tuning.candidates("float16", (d, 1, 16, 2), 90)
+    first_ws = next(i for i, c in enumerate(candidates) if c.get("WS"))
+    times = iter([0.5 if i == first_ws else 1.0 for i in range(len(candidates))])
+
+    def timer(fn):
+        fn()
+        return next(times)
+
+    out = tune.tune(tmp_path / "packed.onnx", [(1, 16)], device="cpu", arch=90, timer=timer,
+                    ops=("PackedMultiHeadAttention",), log=lambda s: None)
+    (entry,) = json.loads(out.read_text())["entries"]
+    assert entry["config"] == candidates[first_ws] and not entry["builtin"] and not entry["skipped"]
+    (loaded,) = tuning.load(out)[1]
+    spec = loaded.spec()
+    assert spec.constexprs["WS"] is True and spec.constexprs["PACKED"] is True and spec.min_arch == 90
