@@ -31,3 +31,10 @@ def plan_attrs(lib, op: str, shapes, n_outputs: int, attrs, elem_type=FLOAT16, a
                                    (ctypes.c_int64 * sum(map(len, shapes)))(*[d for s in shapes for d in s]),
                                    n_outputs, len(attrs), (ctypes.c_double * len(attrs))(*attrs), msg, len(msg))
     return rc, msg.value.decode()
+
+
+def plan_fields(lib, op: str, shapes, n_outputs: int, attrs, elem_type=FLOAT16, arch=90) -> dict:
+    """plan_attrs for a node the planner takes: its message as {field: value} (kernel, arch, grid, block, spec...)."""
+    rc, msg = plan_attrs(lib, op, shapes, n_outputs, attrs, elem_type, arch)
+    assert rc == 0, msg
+    return dict(kv.split("=") for kv in msg.split())

@@ -61,6 +61,26 @@ _BIAS_FLOOR = tl.constexpr(-1e38)  # key_bias saturates here (module docstring)
 
 
 @triton.jit
+def _log2_key_bias(kb):
+    """A block's key bias (fp32) in base-2 units. Per key, not per score: finite biases saturate at _BIAS_FLOOR
+    first, so that finfo.min stays finite once scaled (module docstring)."""
+    return tl.where(kb == float("-inf"), kb, tl.maximum(kb, _BIAS_FLOOR)) * _LOG2E
+
+
+@triton.jit
+def _softmax_step(s, v, m_i, l_i, acc, V_TY: tl.constexpr, prec: tl.constexpr):
+    """One key block's scores s (base 2, -inf where a key does not count) and its V into the running (m, l,
+    acc): the online softmax every attention kernel here runs."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # only -inf seen yet: p = 0, not NaN
+    p = tl.math.exp2(s - m_sub[:, None])
+    alpha = tl.math.exp2(m_i - m_sub)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(V_TY), v, acc * alpha[:, None], input_precision=prec)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _attend(q, k_ptrs, v_ptrs, kb_ptrs, start, SKV, offs_n, d_ok, m_i, l_i, acc, qk_scale,
             V_TY: tl.constexpr, MASK_KEYS: tl.constexpr, MASK_D: tl.constexpr, prec: tl.constexpr):
     """One block of BLOCK_N keys into the running (m, l, acc). The loads are masked only where they need
@@ -80,16 +100,8 @@ def _attend(q, k_ptrs, v_ptrs, kb_ptrs, start, SKV, offs_n, d_ok, m_i, l_i, acc,
             k = tl.load(k_ptrs)
             v = tl.load(v_ptrs)
         kb = tl.load(kb_ptrs).to(tl.float32)
-    # per key, not per score: saturate finite biases so that finfo.min stays finite once scaled
-    kb = tl.where(kb == float("-inf"), kb, tl.maximum(kb, _BIAS_FLOOR)) * _LOG2E
-    s = tl.dot(q, tl.trans(k), input_precision=prec) * qk_scale + kb[None, :]
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # only -inf seen yet: p = 0, not NaN
-    p = tl.math.exp2(s - m_sub[:, None])
-    alpha = tl.math.exp2(m_i - m_sub)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = tl.dot(p.to(V_TY), v, acc * alpha[:, None], input_precision=prec)
-    return m_new, l_i, acc
+    s = tl.dot(q, tl.trans(k), input_precision=prec) * qk_scale + _log2_key_bias(kb)[None, :]
+    return _softmax_step(s, v, m_i, l_i, acc, V_TY, prec)
 
 
 @triton.jit
@@ -136,17 +148,10 @@ def _attention_ws(Q, K, V, KB, BQ, BV, Y, N, SQ, SKV, scale, HEAD_DIM: tl.conste
     for start in tl.range(0, SKV, BLOCK_N, warp_specialize=True):
         k = dk.load([b, start, n * HEAD_DIM]).reshape(BLOCK_N, HEAD_DIM)
         v = dv.load([b, start, n * HEAD_DIM]).reshape(BLOCK_N, HEAD_DIM)
-        kb = dkb.load([b, start]).reshape(BLOCK_N).to(tl.float32)
-        kb = tl.where(kb == float("-inf"), kb, tl.maximum(kb, _BIAS_FLOOR)) * _LOG2E
+        kb = _log2_key_bias(dkb.load([b, start]).reshape(BLOCK_N).to(tl.float32))
         kb = tl.where(start + offs_n < SKV, kb, float("-inf"))  # past SKV: the next batch's keys, or zeros
         s = tl.dot(q, tl.trans(k)) * qk_scale + kb[None, :]
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # only -inf seen yet: p = 0, not NaN
-        p = tl.math.exp2(s - m_sub[:, None])
-        alpha = tl.math.exp2(m_i - m_sub)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(V.dtype.element_ty), v, acc * alpha[:, None])
-        m_i = m_new
+        m_i, l_i, acc = _softmax_step(s, v, m_i, l_i, acc, V.dtype.element_ty, "tf32")  # fp16/bf16: moot
     bv = tl.load(BV + n * HEAD_DIM + offs_d).to(tl.float32)
     y = tl.where((l_i > 0.0)[:, None], acc / l_i[:, None] + bv[None, :], 0.0)
     y_ptrs = Y + (b * SQ + offs_m).to(tl.int64)[:, None] * hidden + n * HEAD_DIM + offs_d[None, :]

@@ -47,7 +47,7 @@ import triton.language as tl
 
 from ..ops.attention import HEAD_DIMS
 from ..ops.causal_attention import MERGE_COUNTERS, SPLIT_MIN_KEYS, block_config, merge_of, split_keys, workspace_floats
-from .attention import _BIAS_FLOOR, _LOG2E, _attend
+from .attention import _LOG2E, _attend, _log2_key_bias, _softmax_step
 
 
 @triton.jit
@@ -60,17 +60,10 @@ def _attend_diagonal(q, k_ptrs, v_ptrs, kb_ptrs, start, T, last_key, offs_n, d_o
     kv_mask = key_ok[:, None] & d_ok[None, :]
     k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
     v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
-    kb = tl.load(kb_ptrs, mask=key_ok, other=float("-inf")).to(tl.float32)
-    kb = tl.where(kb == float("-inf"), kb, tl.maximum(kb, _BIAS_FLOOR)) * _LOG2E
+    kb = _log2_key_bias(tl.load(kb_ptrs, mask=key_ok, other=float("-inf")).to(tl.float32))
     s = tl.dot(q, tl.trans(k), input_precision=prec) * qk_scale + kb[None, :]
     s = tl.where(keys[None, :] <= last_key[:, None], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # only -inf seen yet: p = 0, not NaN
-    p = tl.math.exp2(s - m_sub[:, None])
-    alpha = tl.math.exp2(m_i - m_sub)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = tl.dot(p.to(V_TY), v, acc * alpha[:, None], input_precision=prec)
-    return m_new, l_i, acc
+    return _softmax_step(s, v, m_i, l_i, acc, V_TY, prec)
 
 
 @triton.jit

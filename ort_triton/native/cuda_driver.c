@@ -200,74 +200,77 @@ static int launch_current(CUcontext ctx, const ot_spec *spec, const unsigned gri
   return 0;
 }
 
+/* Makes ctx current for the calling thread, *previous the context it replaces (restored by leave_context). */
+static int enter_context(CUcontext ctx, CUcontext *previous, char *err, size_t err_len) {
+  CUresult r = cu.cuCtxGetCurrent(previous);
+  if (r != CUDA_SUCCESS) return cu_fail(r, "cuCtxGetCurrent", "", err, err_len);
+  if (*previous != ctx && (r = cu.cuCtxPushCurrent_v2(ctx)) != CUDA_SUCCESS)
+    return cu_fail(r, "cuCtxPushCurrent", "", err, err_len);
+  return 0;
+}
+
+/* Undoes enter_context(ctx, &previous). */
+static int leave_context(CUcontext ctx, CUcontext previous, char *err, size_t err_len) {
+  CUcontext popped;
+  CUresult r;
+  if (previous != ctx && (r = cu.cuCtxPopCurrent_v2(&popped)) != CUDA_SUCCESS)
+    return cu_fail(r, "cuCtxPopCurrent", "", err, err_len);
+  return 0;
+}
+
+/* enter_context for the context that owns stream (NULL: the current context). The stream's context, not the
+ * calling thread's, decides the device: ORT may run this thread with another device's context current, or none. */
+static int enter_stream_context(void *stream, CUcontext *ctx, CUcontext *previous, char *err, size_t err_len) {
+  if (ot_cuda_driver_status(err, err_len)) return 1;
+  *ctx = NULL;
+  CUresult r = stream ? cu.cuStreamGetCtx((CUstream)stream, ctx) : cu.cuCtxGetCurrent(ctx);
+  if (r != CUDA_SUCCESS) return cu_fail(r, stream ? "cuStreamGetCtx" : "cuCtxGetCurrent", "", err, err_len);
+  if (!*ctx) {
+    snprintf(err, err_len, "ORT gave no CUDA stream and no CUDA context is current; run the node on the "
+                           "CUDAExecutionProvider");
+    return 1;
+  }
+  return enter_context(*ctx, previous, err, err_len);
+}
+
 int ot_cuda_stream_arch(void *stream, int *arch) {
   char err[1024];
-  if (ot_cuda_driver_status(err, sizeof err)) return 1;
-  CUcontext ctx = NULL, current = NULL;
-  if ((stream ? cu.cuStreamGetCtx((CUstream)stream, &ctx) : cu.cuCtxGetCurrent(&ctx)) != CUDA_SUCCESS || !ctx) return 1;
-  if (cu.cuCtxGetCurrent(&current) != CUDA_SUCCESS) return 1;
-  if (current != ctx && cu.cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS) return 1;
+  CUcontext ctx, previous;
+  if (enter_stream_context(stream, &ctx, &previous, err, sizeof err)) return 1;
   int rc = current_arch(arch, err, sizeof err);
-  CUcontext popped;
-  if (current != ctx && cu.cuCtxPopCurrent_v2(&popped) != CUDA_SUCCESS) rc = 1;
+  if (leave_context(ctx, previous, err, sizeof err)) rc = 1;
   return rc;
 }
 
 int ot_cuda_launch(const ot_spec *spec, const unsigned grid[3], void *stream, void **params, char *err,
                    size_t err_len) {
-  if (ot_cuda_driver_status(err, err_len)) return 1;
-
-  /* The stream's context, not the calling thread's, decides the device: ORT may run this thread
-   * with another device's context current, or none. */
-  CUcontext ctx = NULL, current = NULL;
-  CUresult r = stream ? cu.cuStreamGetCtx((CUstream)stream, &ctx) : cu.cuCtxGetCurrent(&ctx);
-  if (r != CUDA_SUCCESS) return cu_fail(r, stream ? "cuStreamGetCtx" : "cuCtxGetCurrent", "", err, err_len);
-  if (!ctx) {
-    snprintf(err, err_len, "ORT gave no CUDA stream and no CUDA context is current; run the node on the "
-                           "CUDAExecutionProvider");
+  CUcontext ctx, previous;
+  if (enter_stream_context(stream, &ctx, &previous, err, err_len)) return 1;
+  if (launch_current(ctx, spec, grid, (CUstream)stream, params, err, err_len)) {
+    leave_context(ctx, previous, NULL, 0); /* the launch's error is the one to report */
     return 1;
   }
-  if ((r = cu.cuCtxGetCurrent(&current)) != CUDA_SUCCESS) return cu_fail(r, "cuCtxGetCurrent", "", err, err_len);
-  if (current != ctx && (r = cu.cuCtxPushCurrent_v2(ctx)) != CUDA_SUCCESS)
-    return cu_fail(r, "cuCtxPushCurrent", "", err, err_len);
-
-  int rc = launch_current(ctx, spec, grid, (CUstream)stream, params, err, err_len);
-
-  if (current != ctx) {
-    CUcontext popped;
-    r = cu.cuCtxPopCurrent_v2(&popped);
-    if (r != CUDA_SUCCESS && rc == 0) rc = cu_fail(r, "cuCtxPopCurrent", "", err, err_len);
-  }
-  return rc;
+  return leave_context(ctx, previous, err, err_len);
 }
 
 int ot_cuda_counters(void *stream, size_t n, void **ctx_out, void **ptr_out, char *err, size_t err_len) {
-  if (ot_cuda_driver_status(err, err_len)) return 1;
-  CUcontext ctx = NULL, current = NULL;
-  CUresult r = stream ? cu.cuStreamGetCtx((CUstream)stream, &ctx) : cu.cuCtxGetCurrent(&ctx);
-  if (r != CUDA_SUCCESS || !ctx) return cu_fail(r, "cuStreamGetCtx", "", err, err_len);
-  int capturing = 0;
-  if ((r = cu.cuStreamIsCapturing((CUstream)stream, &capturing)) != CUDA_SUCCESS)
-    return cu_fail(r, "cuStreamIsCapturing", "", err, err_len);
-  if (capturing) { /* no allocation inside a capture: the caller keeps its plan without the buffer */
-    snprintf(err, err_len, "the stream is capturing a CUDA graph");
-    return 1;
-  }
-  if ((r = cu.cuCtxGetCurrent(&current)) != CUDA_SUCCESS) return cu_fail(r, "cuCtxGetCurrent", "", err, err_len);
-  if (current != ctx && (r = cu.cuCtxPushCurrent_v2(ctx)) != CUDA_SUCCESS)
-    return cu_fail(r, "cuCtxPushCurrent", "", err, err_len);
+  CUcontext ctx, previous;
+  if (enter_stream_context(stream, &ctx, &previous, err, err_len)) return 1;
+  int capturing = 0, rc = 0;
   CUdeviceptr ptr = 0;
-  int rc = 0;
-  if ((r = cu.cuMemAlloc_v2(&ptr, n * sizeof(unsigned))) != CUDA_SUCCESS) {
+  CUresult r = cu.cuStreamIsCapturing((CUstream)stream, &capturing);
+  if (r != CUDA_SUCCESS) {
+    rc = cu_fail(r, "cuStreamIsCapturing", "", err, err_len);
+  } else if (capturing) { /* no allocation inside a capture: the caller keeps its plan without the buffer */
+    snprintf(err, err_len, "the stream is capturing a CUDA graph");
+    rc = 1;
+  } else if ((r = cu.cuMemAlloc_v2(&ptr, n * sizeof(unsigned))) != CUDA_SUCCESS) {
     rc = cu_fail(r, "cuMemAlloc", "", err, err_len);
   } else if ((r = cu.cuMemsetD32Async(ptr, 0, n, (CUstream)stream)) != CUDA_SUCCESS) {
     rc = cu_fail(r, "cuMemsetD32Async", "", err, err_len);
     cu.cuMemFree_v2(ptr);
   }
-  if (current != ctx) {
-    CUcontext popped;
-    cu.cuCtxPopCurrent_v2(&popped);
-  }
+  leave_context(ctx, previous, NULL, 0); /* a failed pop leaves the buffer made, and its context known */
   if (rc == 0) {
     *ctx_out = ctx;
     *ptr_out = (void *)(uintptr_t)ptr;
@@ -277,13 +280,9 @@ int ot_cuda_counters(void *stream, size_t n, void **ctx_out, void **ptr_out, cha
 
 void ot_cuda_counters_free(void *ctx, void *ptr) {
   char err[sizeof driver_error];
-  if (!ptr || ot_cuda_driver_status(err, sizeof err)) return;
-  CUcontext current = NULL;
-  if (cu.cuCtxGetCurrent(&current) != CUDA_SUCCESS) return;
-  if (current != (CUcontext)ctx && cu.cuCtxPushCurrent_v2((CUcontext)ctx) != CUDA_SUCCESS) return;
+  CUcontext previous;
+  if (!ptr || ot_cuda_driver_status(err, sizeof err) || enter_context((CUcontext)ctx, &previous, err, sizeof err))
+    return;
   cu.cuMemFree_v2((CUdeviceptr)(uintptr_t)ptr); /* a context already gone took the memory with it: ignored */
-  if (current != (CUcontext)ctx) {
-    CUcontext popped;
-    cu.cuCtxPopCurrent_v2(&popped);
-  }
+  leave_context((CUcontext)ctx, previous, err, sizeof err);
 }

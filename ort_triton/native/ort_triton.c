@@ -302,7 +302,7 @@ static OrtStatus *ORT_API_CALL kernel_compute(void *state, OrtKernelContext *con
   }
 
   /* Two launches that can run as one over the node's merge counters on this stream, where it has them. */
-  if (plan.merge_counters && plan.merge_counters <= OT_MERGE_COUNTERS && plan.n_launches == 2) {
+  if (plan.merge_counters) { /* the planner offers it for two launches and at most OT_MERGE_COUNTERS */
     plan.counters = merge_counters(k, stream);
     if (plan.counters) plan.n_launches = 1;
   }

@@ -45,9 +45,7 @@ def ws_library(tmp_path_factory):
 
 def _plan_block(lib_path, op, type_name, shapes, heads, d):
     elem = {"float16": native_hooks.FLOAT16, "bfloat16": native_hooks.BFLOAT16}[type_name]
-    rc, msg = native_hooks.plan_attrs(native_hooks.load(lib_path), op, shapes, 1, [heads, d**-0.5], elem, 90)
-    assert rc == 0, msg
-    return dict(kv.split("=") for kv in msg.split())
+    return native_hooks.plan_fields(native_hooks.load(lib_path), op, shapes, 1, [heads, d**-0.5], elem, 90)
 
 
 @pytest.mark.parametrize("type_name", ["float16", "bfloat16"])

@@ -63,10 +63,8 @@ def test_an_entry_for_an_older_gpu_is_refused(tmp_path):
 
 def _plan(lib, b, s, heads, d, arch):
     hidden = heads * d
-    rc, msg = native_hooks.plan_attrs(lib, "MultiHeadAttention", [[b, s, hidden]] * 3 + [[b, s], [hidden], [hidden]],
-                                      1, [heads, d**-0.5], native_hooks.FLOAT16, arch)
-    assert rc == 0, msg
-    return dict(kv.split("=") for kv in msg.split())
+    return native_hooks.plan_fields(lib, "MultiHeadAttention", [[b, s, hidden]] * 3 + [[b, s], [hidden], [hidden]], 1,
+                                    [heads, d**-0.5], native_hooks.FLOAT16, arch)
 
 
 @pytest.mark.slow
@@ -92,10 +90,8 @@ def test_build_holds_the_kernel_with_its_scratch(tmp_path):
         assert other["spec"] != "0" and "triton_scratch" not in other and other["block"] != "384"
 
     # the fused merge: the two launches' plan, offered as one over a counter a row tile (8 KV heads, 4 chunks)
-    rc, msg = native_hooks.plan_attrs(lib, "CausalAttention", [[1, 32, 1, 64], [1, 8, 1024, 64], [1, 8, 1024, 64],
-                                                               [1, 1024]], 1, [0.125, 0], native_hooks.FLOAT16, 90)
-    assert rc == 0, msg
-    fused = dict(kv.split("=") for kv in msg.split())
+    fused = native_hooks.plan_fields(lib, "CausalAttention", [[1, 32, 1, 64], [1, 8, 1024, 64], [1, 8, 1024, 64],
+                                                              [1, 1024]], 1, [0.125, 0], native_hooks.FLOAT16, 90)
     assert fused["spec"] == "0" and fused["grid"] == "32,1,1" and fused["grid2"] == "8,1,1"
     assert fused["merge_counters"] == "8"
     rc, msg = native_hooks.plan_attrs(lib, "CausalAttention", [[1, 32, 1, 64], [1, 8, 1024, 64], [1, 8, 1024, 64],
