@@ -52,12 +52,12 @@ ln_chains() {
 
 # gpu_tests: pytest on the GPU, by default the LayerNorm kernel natively on CUDA and the ORT-level LayerNorm GPU
 # tests (PYTEST_PATHS: other paths and options, split on spaces; -k matches ignoring case), bounded by
-# TEST_TIMEOUT (default 150 s); the log is $OUT/gpu_tests.log.
+# TEST_TIMEOUT (default 150 s); the log is $OUT/${TEST_LOG:-gpu_tests}.log.
 gpu_tests() {
   timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider -W ignore --tb=short \
-    ${PYTEST_PATHS:-tests/ops/test_layer_norm_kernel.py tests/gpu -k "layer_norm or LayerNorm"} > "$OUT/gpu_tests.log" 2>&1
+    ${PYTEST_PATHS:-tests/ops/test_layer_norm_kernel.py tests/gpu -k "layer_norm or LayerNorm"} > "$OUT/${TEST_LOG:-gpu_tests}.log" 2>&1
   echo "pytest exit $?"
-  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -12
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/${TEST_LOG:-gpu_tests}.log" | tail -12
 }
 
 # sanitize DIR: compute-sanitizer memcheck and racecheck over the ORT-level GPU tests (the AOT cubins through
