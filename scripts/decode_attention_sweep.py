@@ -3,11 +3,12 @@ Llama-1B's heads over key block, warps, stages and the split (SPLIT_TARGET progr
 chunk at least), against the library's default config and PyTorch's sdpa (enable_gqa), same inputs, each
 runner replayed in a CUDA graph (triton.testing.do_bench_cudagraph, median). --merge times the split's merge
 variants side by side, each config once per variant: `loop` (chunk after chunk, MERGE_BLOCK 0), `blocked` (the
-library's MERGE_BLOCK, ops/causal_attention.py merge_block) or `blockedN` (N chunks at a time, a power of two).
+library's MERGE_BLOCK, ops/causal_attention.py merge_block), `blockedN` (N chunks at a time, a power of two) or
+`fused` (the library's MERGE_BLOCK in the chunks' launch: FUSED_MERGE, one launch instead of two).
 
     python3 scripts/decode_attention_sweep.py --shapes 1x1024,16x1024,1x4096 --json OUT.jsonl
     python3 scripts/decode_attention_sweep.py --block-n 128 --warps 4 --stages 2 --split-target 128 \
-        --split-min-keys 256 --merge loop,blocked,blocked16 --json OUT.jsonl
+        --split-min-keys 256 --merge loop,blocked,blocked16,fused --json OUT.jsonl
 
 Why: a Llama-1B decode step with CUDA graphs spends 172 us of its 1.27 ms of GPU time in this kernel (two
 launches a layer, 5.4 us each at 1x1024) for 2 MB of cache a layer (session 14's profile). One row per
@@ -39,14 +40,14 @@ def main(argv=None) -> None:
     p.add_argument("--stages", default="2,3")
     p.add_argument("--split-target", default="0,128,256,512,1024")
     p.add_argument("--split-min-keys", default="64,128,256")
-    p.add_argument("--merge", default="blocked", help="loop, blocked, blockedN (comma-separated)")
+    p.add_argument("--merge", default="blocked", help="loop, blocked, blockedN, fused (comma-separated)")
     p.add_argument("--json", required=True)
     args = p.parse_args(argv)
     ints = lambda s: [int(v) for v in s.split(",")]
     nq, nkv, d = args.heads, args.kv_heads, args.head_dim
     default = block_config(d, "float16", nq // nkv)
     # MERGE_BLOCK by variant; None: the library's for the config's warps (left to causal_attention)
-    merges = {name: 0 if name == "loop" else int(name[len("blocked"):]) if name != "blocked" else None
+    merges = {name: 0 if name == "loop" else None if name in ("blocked", "fused") else int(name[len("blocked"):])
               for name in args.merge.split(",")}
     with open(args.json, "w") as out:  # one row a line, flushed per shape: a cut run keeps what it timed
         for shape in args.shapes.split(","):
@@ -80,6 +81,7 @@ def main(argv=None) -> None:
                     continue  # one pass: no merge to compare
                 cfg = dict(BLOCK_N=bn, num_warps=w, num_stages=st, SPLIT_TARGET=target, SPLIT_MIN_KEYS=min_keys)
                 cfg.update({} if merge_blk is None else dict(MERGE_BLOCK=merge_blk))
+                cfg.update(dict(FUSED_MERGE=1) if merge == "fused" else {})
                 try:
                     got = causal_attention(q, k, v, kb, scale, config=cfg).float()
                     err = (got - ref).abs().max().item()

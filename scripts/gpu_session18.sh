@@ -13,6 +13,8 @@
 #   fm_tests  issue 5: CausalAttention's fused merge (one launch for a split decode) natively on CUDA (programs
 #             racing for the tickets) and through ORT (shapes in a row, threads, a CUDA graph), with the
 #             CausalAttention kernel and GPU tests (the kernel file changed);
+#   fm_micro  issue 5: the fused merge against the two launches, the kernel alone at Llama-1B's decode heads, CUDA-graph
+#             replays (scripts/decode_attention_sweep.py --merge blocked,fused), bounded by MICRO_TIMEOUT;
 #   fm_ab     issue 5: Llama-1B's decode with the fused merge on every split decode bucket (scripts/fused_merge_table.py,
 #             built as a tuned library) against the default library, CUDA graphs, alternating rounds
 #             (scripts/gpu_ab_decoder.sh with TABLE; a cold machine spends ~3 min exporting first).
@@ -41,6 +43,10 @@ for step in ${STEPS:-ws_tests ws_micro}; do
   fm_tests)
     TEST_LOG=fm_tests PYTEST_PATHS="tests/ops/test_causal_attention_fused_merge.py tests/gpu/test_causal_attention_fused_merge_ort.py tests/gpu/test_causal_attention_gpu.py tests/ops/test_causal_attention_kernel.py" \
       TEST_TIMEOUT=${TEST_TIMEOUT:-240} gpu_tests ;;
+  fm_micro)
+    timeout "${MICRO_TIMEOUT:-150}" python3 scripts/decode_attention_sweep.py --shapes "${DECODE:-1x1024,1x4096,16x1024,16x4096}" \
+      --block-n 128 --warps 4 --stages 2,3 --split-target 128,256 --split-min-keys 256 --merge blocked,fused \
+      --json "$OUT/fm_micro.jsonl" 2>&1 | filter | tail -30 ;;
   fm_ab)
     mkdir -p build/ab_decoder
     python3 scripts/fused_merge_table.py build/ab_decoder/fused_merge.json || exit 1
