@@ -25,47 +25,9 @@ enum { IN_QKV, IN_PACKED_KEY_BIAS, IN_BIAS, N_PACKED_INPUTS };
 enum { ATTR_NUM_HEADS, ATTR_SCALE };
 enum { KEY_HEAD_DIM, KEY_SEQ_DIV16, KEY_SQ, KEY_BATCH_HEADS, N_KEYS }; /* dispatch keys, in contract order */
 enum { CONST_BLOCK_M, CONST_BLOCK_N, CONST_HEAD_DIM }; /* meaning of ot_spec.consts */
+#define LAYOUT "[B, S, num_heads * head_dim]" /* Q, K, V and packed QKV (3 heads' worth) */
 
 /* Q, K, V: [B, S, hidden], no negative dims (ORT never passes those; the test hook can). */
-static int check_rank3(const ot_op *op, const ot_desc *in, int index, char *err, size_t err_len) {
-  const ot_desc *d = &in[index];
-  char shape[160];
-  if (d->rank != 3) {
-    snprintf(err, err_len, "input %s has shape %s; it must have rank 3, [B, S, num_heads * head_dim]",
-             op->inputs[index].name, ot_shape_text(d, shape, sizeof shape));
-    return 1;
-  }
-  for (size_t i = 0; i < 3; i++) {
-    if (d->dims[i] < 0) {
-      snprintf(err, err_len, "input %s has a negative dimension", op->inputs[index].name);
-      return 1;
-    }
-  }
-  return 0;
-}
-
-/* "32, 40, 64" from the spec table: the head dims this library holds kernels for (each once, though a head
- * dim has a spec per sequence alignment). */
-static void supported_head_dims(const ot_op *op, char *buf, size_t len) {
-  size_t used = 0;
-  buf[0] = '\0';
-  const ot_spec *last = NULL;
-  for (int s = 0; s < op->n_specs && used < len; s++) {
-    const ot_spec *spec = &op->specs[s];
-    if (spec->n_keys != N_KEYS) continue;
-    if (last && last->key_min[KEY_HEAD_DIM] == spec->key_min[KEY_HEAD_DIM] &&
-        last->key_max[KEY_HEAD_DIM] == spec->key_max[KEY_HEAD_DIM])
-      continue;
-    last = spec;
-    if (spec->key_min[KEY_HEAD_DIM] == spec->key_max[KEY_HEAD_DIM])
-      used += (size_t)snprintf(buf + used, len - used, "%s%lld", used ? ", " : "",
-                               (long long)spec->key_min[KEY_HEAD_DIM]);
-    else
-      used += (size_t)snprintf(buf + used, len - used, "%s%lld..%lld", used ? ", " : "",
-                               (long long)spec->key_min[KEY_HEAD_DIM], (long long)spec->key_max[KEY_HEAD_DIM]);
-  }
-}
-
 /* The rest of both plans, once the shapes are known consistent: heads, spec, grid, output [B, Sq, hidden].
  * x_name names the input whose dim 2 holds the hidden size (Q, or QKV with 3 of it), k_name Skv's. */
 static int plan_heads(const ot_op *op, const ot_desc *x, int64_t batch, int64_t sq, int64_t skv, int64_t hidden,
@@ -86,7 +48,7 @@ int ot_attention_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_ou
                           ot_plan *plan, char *err, size_t err_len) {
   if (check_table(op, n_inputs, n_outputs, N_INPUTS, err, err_len)) return 1;
   for (int i = IN_Q; i <= IN_V; i++)
-    if (check_rank3(op, in, i, err, err_len)) return 1;
+    if (ot_check_rank(op, in, i, 3, LAYOUT, err, err_len)) return 1;
   const ot_desc *q = &in[IN_Q], *k = &in[IN_K], *v = &in[IN_V], *kb = &in[IN_KEY_BIAS];
   const char *q_name = op->inputs[IN_Q].name, *k_name = op->inputs[IN_K].name;
   char a[160], b[160];
@@ -117,7 +79,7 @@ int ot_attention_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_ou
 int ot_packed_attention_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_outputs, const double *attrs,
                              ot_plan *plan, char *err, size_t err_len) {
   if (check_table(op, n_inputs, n_outputs, N_PACKED_INPUTS, err, err_len)) return 1;
-  if (check_rank3(op, in, IN_QKV, err, err_len)) return 1;
+  if (ot_check_rank(op, in, IN_QKV, 3, LAYOUT, err, err_len)) return 1;
   const ot_desc *qkv = &in[IN_QKV], *kb = &in[IN_PACKED_KEY_BIAS];
   const char *name = op->inputs[IN_QKV].name;
   char a[160], b[160];
@@ -159,7 +121,7 @@ static int plan_heads(const ot_op *op, const ot_desc *x, int64_t batch, int64_t 
   const ot_spec *spec = ot_find_spec(op, keys, N_KEYS, plan->arch);
   if (!spec) {
     char dims[256];
-    supported_head_dims(op, dims, sizeof dims);
+    ot_key_values(op, N_KEYS, KEY_HEAD_DIM, dims, sizeof dims);
     if (!dims[0])
       snprintf(err, err_len, "this library holds no kernels for this op; rebuild it with the op included");
     else

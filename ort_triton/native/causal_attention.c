@@ -41,36 +41,6 @@ static int64_t split_keys(int64_t t, int64_t programs, int64_t block_n, int64_t 
   return chunk < t ? chunk : 0;
 }
 
-static int check_rank4(const ot_op *op, const ot_desc *in, int index, const char *layout, char *err, size_t err_len) {
-  const ot_desc *d = &in[index];
-  char shape[160];
-  if (d->rank != 4) {
-    snprintf(err, err_len, "input %s has shape %s; it must have rank 4, %s", op->inputs[index].name,
-             ot_shape_text(d, shape, sizeof shape), layout);
-    return 1;
-  }
-  for (size_t i = 0; i < 4; i++) {
-    if (d->dims[i] < 0) {
-      snprintf(err, err_len, "input %s has a negative dimension", op->inputs[index].name);
-      return 1;
-    }
-  }
-  return 0;
-}
-
-/* "32, 40, 64" from the spec table (each head dim once, though it has a decode and a prefill spec). */
-static void supported_head_dims(const ot_op *op, char *buf, size_t len) {
-  size_t used = 0;
-  buf[0] = '\0';
-  int64_t last = -1;
-  for (int s = 0; s < op->n_specs && used < len; s++) {
-    const ot_spec *spec = &op->specs[s];
-    if (spec->n_keys != N_KEYS || spec->key_min[KEY_HEAD_DIM] == last) continue;
-    last = spec->key_min[KEY_HEAD_DIM];
-    used += (size_t)snprintf(buf + used, len - used, "%s%lld", used ? ", " : "", (long long)last);
-  }
-}
-
 int ot_causal_attention_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_outputs, const double *attrs,
                              ot_plan *plan, char *err, size_t err_len) {
   if (n_inputs != N_INPUTS || n_outputs != 1 || op->n_attrs != N_ATTRS) {
@@ -79,9 +49,9 @@ int ot_causal_attention_plan(const ot_op *op, const ot_desc *in, int n_inputs, i
              n_inputs, n_outputs, op->n_attrs);
     return 1;
   }
-  if (check_rank4(op, in, IN_Q, "[B, Nq, S, D]", err, err_len) ||
-      check_rank4(op, in, IN_K, "[B, Nkv, T, D]", err, err_len) ||
-      check_rank4(op, in, IN_V, "[B, Nkv, T, D]", err, err_len))
+  if (ot_check_rank(op, in, IN_Q, 4, "[B, Nq, S, D]", err, err_len) ||
+      ot_check_rank(op, in, IN_K, 4, "[B, Nkv, T, D]", err, err_len) ||
+      ot_check_rank(op, in, IN_V, 4, "[B, Nkv, T, D]", err, err_len))
     return 1;
   const ot_desc *q = &in[IN_Q], *k = &in[IN_K], *v = &in[IN_V], *kb = &in[IN_KEY_BIAS];
   const char *q_name = op->inputs[IN_Q].name, *k_name = op->inputs[IN_K].name;
@@ -138,7 +108,7 @@ int ot_causal_attention_plan(const ot_op *op, const ot_desc *in, int n_inputs, i
   const ot_spec *spec = ot_find_spec(op, keys, N_KEYS, plan->arch);
   if (!spec) {
     char dims[256];
-    supported_head_dims(op, dims, sizeof dims);
+    ot_key_values(op, N_KEYS, KEY_HEAD_DIM, dims, sizeof dims);
     if (!dims[0])
       snprintf(err, err_len, "this library holds no kernels for this op; rebuild it with the op included");
     else

@@ -25,13 +25,8 @@ static int beta_index(const ot_op *op) { return 2 + 2 * has_skip(op); }
 
 /* Says why no spec fits: H outside everything the table covers, or a combination it lacks. */
 static void no_spec_error(const ot_op *op, const int64_t *keys, char *err, size_t err_len) {
-  int64_t lo = INT64_MAX, hi = INT64_MIN;
-  for (int s = 0; s < op->n_specs; s++) {
-    if (op->specs[s].n_keys != N_KEYS) continue;
-    if (op->specs[s].key_min[KEY_H] < lo) lo = op->specs[s].key_min[KEY_H];
-    if (op->specs[s].key_max[KEY_H] > hi) hi = op->specs[s].key_max[KEY_H];
-  }
-  if (lo > hi)
+  int64_t lo, hi;
+  if (!ot_key_span(op, N_KEYS, KEY_H, &lo, &hi))
     snprintf(err, err_len, "this library holds no kernels for this op; rebuild it with the op included");
   else if (keys[KEY_H] < lo || keys[KEY_H] > hi)
     snprintf(err, err_len, "hidden size H=%lld is not supported (this library covers %lld..%lld)",

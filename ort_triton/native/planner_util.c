@@ -49,6 +49,54 @@ int ot_check_rows_by_h(const ot_desc *x, const char *name, char *err, size_t err
   return 0;
 }
 
+int ot_check_rank(const ot_op *op, const ot_desc *in, int index, size_t rank, const char *layout, char *err,
+                  size_t err_len) {
+  const ot_desc *d = &in[index];
+  char shape[160];
+  if (d->rank != rank) {
+    snprintf(err, err_len, "input %s has shape %s; it must have rank %zu, %s", op->inputs[index].name,
+             ot_shape_text(d, shape, sizeof shape), rank, layout);
+    return 1;
+  }
+  for (size_t i = 0; i < rank; i++) {
+    if (d->dims[i] < 0) { /* ORT never passes these; the test hook can */
+      snprintf(err, err_len, "input %s has a negative dimension", op->inputs[index].name);
+      return 1;
+    }
+  }
+  return 0;
+}
+
+int ot_key_span(const ot_op *op, int n_keys, int key, int64_t *lo, int64_t *hi) {
+  *lo = INT64_MAX, *hi = INT64_MIN;
+  for (int s = 0; s < op->n_specs; s++) {
+    const ot_spec *spec = &op->specs[s];
+    if (spec->n_keys != n_keys) continue;
+    if (spec->key_min[key] < *lo) *lo = spec->key_min[key];
+    if (spec->key_max[key] > *hi) *hi = spec->key_max[key];
+  }
+  return *lo <= *hi;
+}
+
+void ot_key_values(const ot_op *op, int n_keys, int key, char *buf, size_t len) {
+  size_t used = 0;
+  buf[0] = '\0';
+  for (int s = 0; s < op->n_specs && used < len; s++) {
+    const ot_spec *spec = &op->specs[s];
+    if (spec->n_keys != n_keys) continue;
+    int seen = 0; /* tuned specs come first, so a value can return after others: look at every earlier one */
+    for (int e = 0; e < s && !seen; e++)
+      seen = op->specs[e].n_keys == n_keys && op->specs[e].key_min[key] == spec->key_min[key] &&
+             op->specs[e].key_max[key] == spec->key_max[key];
+    if (seen) continue;
+    if (spec->key_min[key] == spec->key_max[key])
+      used += (size_t)snprintf(buf + used, len - used, "%s%lld", used ? ", " : "", (long long)spec->key_min[key]);
+    else
+      used += (size_t)snprintf(buf + used, len - used, "%s%lld..%lld", used ? ", " : "",
+                               (long long)spec->key_min[key], (long long)spec->key_max[key]);
+  }
+}
+
 int ot_check_vector(const ot_op *op, const ot_desc *in, int index, int64_t h, char *err, size_t err_len) {
   const ot_desc *v = &in[index];
   if (v->rank == 1 && v->dims[0] == h) return 0;

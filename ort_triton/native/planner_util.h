@@ -18,6 +18,19 @@ const char *ot_shape_text(const ot_desc *d, char *buf, size_t len);
  * `name` and returns 1 otherwise. */
 int ot_check_rows_by_h(const ot_desc *x, const char *name, char *err, size_t err_len);
 
+/* Input `index` of op must have `rank` dims, none negative; `layout` names them in the message, e.g.
+ * "[B, S, num_heads * head_dim]". */
+int ot_check_rank(const ot_op *op, const ot_desc *in, int index, size_t rank, const char *layout, char *err,
+                  size_t err_len);
+
+/* The least key_min and greatest key_max of key `key` over the op's specs of n_keys keys (tuned and built-in
+ * alike); 0 when it has none (a library built without the op), else 1. */
+int ot_key_span(const ot_op *op, int n_keys, int key, int64_t *lo, int64_t *hi);
+
+/* The ranges key `key` takes over those specs, each once in table order, into buf: "32, 40, 64" ("lo..hi"
+ * where a spec covers a range); "" when there are none. For the messages that list what a library holds. */
+void ot_key_values(const ot_op *op, int n_keys, int key, char *buf, size_t len);
+
 /* Input `index` of op must be exactly [h] (a per-column vector such as gamma, beta or a bias). */
 int ot_check_vector(const ot_op *op, const ot_desc *in, int index, int64_t h, char *err, size_t err_len);
 

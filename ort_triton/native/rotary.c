@@ -73,19 +73,9 @@ int ot_rotary_cos(const ot_op *op, const ot_desc *in, int in_x, int in_cos, int 
 static int shape_of(const ot_op *op, const ot_desc *in, const double *attrs, int bsnd, ot_rotary_shape *out,
                     char *err, size_t err_len) {
   const ot_desc *x = &in[IN_X];
-  const char *xn = op->inputs[IN_X].name;
-  char a[160];
-  if (x->rank != 4) {
-    snprintf(err, err_len, "input %s has shape %s; it must have rank 4, %s", xn, ot_shape_text(x, a, sizeof a),
-             bsnd ? "[B, S, num_heads, head_dim]" : "[B, num_heads, S, head_dim]");
+  if (ot_check_rank(op, in, IN_X, 4, bsnd ? "[B, S, num_heads, head_dim]" : "[B, num_heads, S, head_dim]", err,
+                    err_len))
     return 1;
-  }
-  for (size_t i = 0; i < 4; i++) {
-    if (x->dims[i] < 0) {
-      snprintf(err, err_len, "input %s has a negative dimension", xn);
-      return 1;
-    }
-  }
   out->batch = x->dims[0], out->heads = x->dims[bsnd ? 2 : 1], out->seq = x->dims[bsnd ? 1 : 2], out->d = x->dims[3];
   return ot_rotary_cos(op, in, IN_X, IN_COS, IN_SIN, attrs, out, err, err_len);
 }

@@ -98,6 +98,11 @@ def test_build_holds_the_kernel_with_its_scratch(tmp_path):
                                                                [1, 1024]], 1, [0.125, 0], native_hooks.FLOAT16, 80)
     assert rc == 0 and "grid2=8,1,1" in msg and "merge_counters" not in msg, msg  # the built-in spec: two launches
 
+    # a head dim nothing holds: the message lists each head dim once, the tuned spec's 64 ahead of the built-ins
+    rc, msg = native_hooks.plan_attrs(lib, "MultiHeadAttention", [[2, 8, 12]] * 3 + [[2, 8], [12], [12]], 1,
+                                      [1, 1.0], native_hooks.FLOAT16, 90)
+    assert rc != 0 and "kernels for head dims 64, 32, 40, 80, 96, 128 (" in msg, msg
+
 
 @pytest.mark.slow
 def test_tune_times_the_ws_candidates_and_keeps_the_winner(tmp_path):
