@@ -99,6 +99,27 @@ def _scalar(v: ir.Value | None) -> float | None:
     return None if value is None else float(value)
 
 
+def _score_scale(result, muls, div, nan_zero, casts, dtype):
+    """The scale of the scores, Q's and K's pre-scales and the Mul after Q K^T times, divided by the Div (each a
+    finite nonzero constant scalar or absent), or result's failure saying which is not; also fails where the
+    Where after IsNaN(softmax) writes anything but 0, or a Cast around the softmax leaves the element type."""
+    scale = 1.0
+    for factor, value in [(1, m) for m in muls] + [(-1, div)]:
+        if value is None:
+            continue
+        c = _scalar(value)
+        if c is None or c == 0 or not math.isfinite(c):
+            return result.fail(f"the scale {value.name} is not a finite nonzero constant scalar", value)
+        scale *= c ** factor
+    if nan_zero is not None and _scalar(nan_zero) != 0:
+        return result.fail("the Where after IsNaN(softmax) does not write 0", nan_zero)
+    for c in casts:
+        if c is not None and c.producer().attributes.get_int("to") != dtype:
+            return result.fail(f"the Cast after the softmax changes the element type ({dtype} to "
+                               f"{ir.DataType(c.producer().attributes.get_int('to'))})", c)
+    return scale
+
+
 def _escaping(nodes, root: ir.Node) -> ir.Value | None:
     """A value computed inside the match that something outside still reads, if any. A reader whose own
     outputs feed only the match (the Shape computing a Reshape target) dies with it and does not count."""
@@ -267,20 +288,9 @@ class DecomposedAttentionRule(_AttentionRule):
                                "keep [B, N, Sq, D]", ctx_kept)
         if not _merges_heads(merged, out, q):
             return result.fail(f"the Reshape {merged.shape} -> {out.shape} does not provably merge the heads", out)
-        scale = 1.0
-        for factor, value in ((1, q_scale), (1, k_scale), (1, s_mul), (-1, s_div)):
-            if value is None:
-                continue
-            c = _scalar(value)
-            if c is None or c == 0 or not math.isfinite(c):
-                return result.fail(f"the scale {value.name} is not a finite nonzero constant scalar", value)
-            scale *= c ** factor
-        if nan_zero is not None and _scalar(nan_zero) != 0:
-            return result.fail("the Where after IsNaN(softmax) does not write 0", nan_zero)
-        for c in (cast, recast):
-            if c is not None and c.producer().attributes.get_int("to") != q.dtype:
-                return result.fail(f"the Cast after the softmax changes the element type ({q.dtype} to "
-                                   f"{ir.DataType(c.producer().attributes.get_int('to'))})", c)
+        scale = _score_scale(result, (q_scale, k_scale, s_mul), s_div, nan_zero, (cast, recast), q.dtype)
+        if not isinstance(scale, float):
+            return scale
         if (leak := self._no_escape(result, context)) is not None:
             return leak
         source, fill_value = None, None

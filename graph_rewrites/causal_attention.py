@@ -38,7 +38,7 @@ from onnxscript.rewriter import pattern
 from ort_triton.ops.attention import HEAD_DIMS
 from ort_triton.ops.causal_attention import CAUSAL_ATTENTION
 
-from .attention import _escaping, _scalar
+from .attention import _escaping, _scalar, _score_scale
 from .causal_mask import CausalMaskProver, CausalPadding, SymbolicShapes, same
 from .mask import DROPS
 
@@ -243,20 +243,9 @@ class CausalAttentionRule(_CausalRule):
                 return result.fail(f"the K reshapes around the [0, 2, 1] Transpose ({fd}, {ud}) are not provably "
                                    "a flatten of [B, N] and its inverse", k_flat)
 
-        scale = 1.0
-        for factor, value in ((1, q_scale), (1, k_scale), (1, s_mul), (-1, s_div)):
-            if value is None:
-                continue
-            c = _scalar(value)
-            if c is None or c == 0 or not math.isfinite(c):
-                return result.fail(f"the scale {value.name} is not a finite nonzero constant scalar", value)
-            scale *= c ** factor
-        if nan_zero is not None and _scalar(nan_zero) != 0:
-            return result.fail("the Where after IsNaN(softmax) does not write 0", nan_zero)
-        for c in (cast, recast):
-            if c is not None and c.producer().attributes.get_int("to") != q.dtype:
-                return result.fail(f"the Cast after the softmax changes the element type ({q.dtype} to "
-                                   f"{ir.DataType(c.producer().attributes.get_int('to'))})", c)
+        scale = _score_scale(result, (q_scale, k_scale, s_mul), s_div, nan_zero, (cast, recast), q.dtype)
+        if not isinstance(scale, float):
+            return scale
         if (leak := self._no_escape(result, context)) is not None:
             return leak
         proof = self._mask(result, context, mask if mask is not None else keep, qd, kd)
