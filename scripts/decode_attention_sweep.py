@@ -81,7 +81,7 @@ def main(argv=None) -> None:
                     continue  # one pass: no merge to compare
                 cfg = dict(BLOCK_N=bn, num_warps=w, num_stages=st, SPLIT_TARGET=target, SPLIT_MIN_KEYS=min_keys)
                 cfg.update({} if merge_blk is None else dict(MERGE_BLOCK=merge_blk))
-                cfg.update(dict(FUSED_MERGE=1) if merge == "fused" else {})
+                cfg.update(FUSED_MERGE=int(merge == "fused"))
                 try:
                     got = causal_attention(q, k, v, kb, scale, config=cfg).float()
                     err = (got - ref).abs().max().item()

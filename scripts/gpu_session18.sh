@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Session 18's GPU calls, for the warp-specialised attention kernel (kernels/attention.py `_attention_ws`, a tuning
-# candidate on Hopper); carry [".ortgpu", ".ortinc"], start with `source .ortgpu/activate.sh &&`. STEPS picks them
+# Session 18's GPU calls, for the warp-specialised attention kernel (kernels/attention.py `_attention_ws`,
+# experimental: the ws steps set ORT_TRITON_EXPERIMENTAL_WS=1; its first launch on the H200 did not return in
+# session 19, so each is bounded) and the fused merge; carry [".ortgpu", ".ortinc"], start with `source .ortgpu/activate.sh &&`. STEPS picks them
 # (default "ws_tests ws_micro"), each bounded so a call ends inside 10 minutes:
 #   ws_tests  the WS kernel natively on CUDA (tests/ops/test_attention_ws_kernel.py), through ORT from a library
 #             built with WS entries (tests/gpu/test_attention_ws_ort.py), and the existing attention kernel tests
@@ -15,20 +16,21 @@
 #             CausalAttention kernel and GPU tests (the kernel file changed);
 #   fm_micro  issue 5: the fused merge against the two launches, the kernel alone at Llama-1B's decode heads, CUDA-graph
 #             replays (scripts/decode_attention_sweep.py --merge blocked,fused), bounded by MICRO_TIMEOUT;
-#   fm_ab     issue 5: Llama-1B's decode with the fused merge on every split decode bucket (scripts/fused_merge_table.py,
-#             built as a tuned library) against the default library, CUDA graphs, alternating rounds
+#   fm_ab     issue 5: Llama-1B's decode with the merge in a second launch on every split decode bucket
+#             (scripts/fused_merge_table.py --merge two, built as a tuned library: B) against the default library
+#             (the fused merge since session 19: A), CUDA graphs, alternating rounds
 #             (scripts/gpu_ab_decoder.sh with TABLE; a cold machine spends ~3 min exporting first).
 source "$(dirname "$0")/gpu_env.sh"
 for step in ${STEPS:-ws_tests ws_micro}; do
   case $step in
   ws_tests)
-    TEST_LOG=ws_tests PYTEST_PATHS="tests/ops/test_attention_ws_kernel.py tests/gpu/test_attention_ws_ort.py tests/ops/test_attention_kernel.py" \
+    ORT_TRITON_EXPERIMENTAL_WS=1 TEST_LOG=ws_tests PYTEST_PATHS="tests/ops/test_attention_ws_kernel.py tests/gpu/test_attention_ws_ort.py tests/ops/test_attention_kernel.py" \
       TEST_TIMEOUT=${TEST_TIMEOUT:-240} gpu_tests
     [ "${COMPILE_TIMEOUT:-120}" = 0 ] ||  # 0: skip (the CPU's compile report is the same Triton's)
-      timeout "${COMPILE_TIMEOUT:-120}" python3 scripts/ws_attention_compile.py --json "$OUT/ws_attention_compile.jsonl" \
+      ORT_TRITON_EXPERIMENTAL_WS=1 timeout "${COMPILE_TIMEOUT:-120}" python3 scripts/ws_attention_compile.py --json "$OUT/ws_attention_compile.jsonl" \
         2>&1 | filter | tail -3 ;;
   ws_micro)
-    timeout "${MICRO_TIMEOUT:-240}" python3 scripts/ws_attention_micro.py --shapes "${SHAPES:-1x128,8x128,32x128,1x512,8x512,32x512,8x2048}" \
+    ORT_TRITON_EXPERIMENTAL_WS=1 timeout "${MICRO_TIMEOUT:-240}" python3 scripts/ws_attention_micro.py --shapes "${SHAPES:-1x128,8x128,32x128,1x512,8x512,32x512,8x2048}" \
       --json "$OUT/ws_attention_micro.jsonl" 2>&1 | filter | tail -25 ;;
   tune_ab)
     fused=build/tune_work/bert-base.fp16.opt.onnx
@@ -49,7 +51,7 @@ for step in ${STEPS:-ws_tests ws_micro}; do
       --json "$OUT/fm_micro.jsonl" 2>&1 | filter | tail -30 ;;
   fm_ab)
     mkdir -p build/ab_decoder
-    python3 scripts/fused_merge_table.py build/ab_decoder/fused_merge.json || exit 1
+    python3 scripts/fused_merge_table.py build/ab_decoder/fused_merge.json --merge two || exit 1
     rm -f build/ab_decoder/lib_tuned/libort_triton.so
     TABLE=build/ab_decoder/fused_merge.json AA=0 PREFILL=${PREFILL:-1x512} DECODE=${DECODE:-1x1024,1x4096,16x1024} \
       ROUNDS=${ROUNDS:-4} bash scripts/gpu_ab_decoder.sh ;;

@@ -78,6 +78,10 @@ def main() -> None:
     ap.add_argument("--shapes", default=SHAPES)
     ap.add_argument("--json")
     args = ap.parse_args()
+    from ort_triton.ops.attention import WS_ENV, ws_enabled
+
+    if not ws_enabled():  # the kernel is experimental: its first launch on the H200 did not return
+        ap.error(f"the warp-specialised kernel is experimental; set {WS_ENV}=1 to compile or time it")
     rows = []
     for shape in args.shapes.split(","):
         b, s = map(int, shape.split("x"))

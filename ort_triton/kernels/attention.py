@@ -45,8 +45,9 @@ Rows with no key left, and why nothing turns into NaN:
 
 Offsets are int64: b * S * N*D passes 2^31 for long batches.
 
-WS specs (a tuning candidate on Hopper, ops/attention.py `ws_supported`) run `_attention_ws` instead: the same
-maths with TMA loads and Triton's warp specialisation (its docstring says what that pass accepts).
+WS specs (experimental: on Hopper with ORT_TRITON_EXPERIMENTAL_WS=1, ops/attention.py `ws_enabled`) run
+`_attention_ws` instead: the same maths with TMA loads and Triton's warp specialisation (its docstring says what
+that pass accepts).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..ops.attention import HEAD_DIMS, WS_ARCH, WS_HEAD_DIMS, block_config, ws_supported
+from ..ops.attention import HEAD_DIMS, WS_ARCH, WS_HEAD_DIMS, block_config, ws_enabled, ws_refused, ws_supported
 
 _LOG2E = tl.constexpr(1.4426950408889634)
 _BIAS_FLOOR = tl.constexpr(-1e38)  # key_bias saturates here (module docstring)
@@ -303,6 +304,8 @@ def _launch(q, k, v, key_bias, q_bias, v_bias, y, num_heads, sq, skv, scale, d, 
     cfg.update(config or {})
     ws = bool(cfg.get("WS", False))
     if ws:
+        if q.device.type != "cpu" and not ws_enabled():  # the interpreter runs its maths, not its warp groups
+            raise ValueError(ws_refused())
         # the interpreter (CPU tests) runs it as any GPU would
         major, minor = (WS_ARCH // 10, 0) if q.device.type == "cpu" else torch.cuda.get_device_capability(q.device)
         arch = 10 * major + minor

@@ -284,7 +284,8 @@ def causal_attention(q, k, v, key_bias, scale, masked_rows=0, *, out=None, confi
     n_split = triton.cdiv(t, chunk)
     ws = torch.empty(workspace_floats(programs, n_split, cfg["BLOCK_M"], cfg["BLOCK_D"]), dtype=torch.float32,
                      device=q.device)
-    if cfg.get("FUSED_MERGE"):  # one launch: the last chunk of each row tile merges (PHASE 3)
+    if cfg.get("FUSED_MERGE") and programs <= MERGE_COUNTERS:  # one launch: the last chunk of each row tile
+        # merges (PHASE 3); past the counters, two launches, as the library's planner does
         launch(ws, chunk, 3, programs * n_split, merge_counters(q.device, programs))
         return y
     launch(ws, chunk, 1, programs * n_split)  # each chunk's state

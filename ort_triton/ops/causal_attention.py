@@ -191,7 +191,7 @@ def block_config(head_dim: int, type_name: str, rows: int, kv_programs: int = 1)
     if decode and kv_programs >= DECODE_WIDE:
         stages = _WIDE_STAGES.get(kind[1:], stages)
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=kind[2], num_warps=warps, num_stages=stages,
-                SPLIT_TARGET=SPLIT_TARGET if decode else 0)
+                SPLIT_TARGET=SPLIT_TARGET if decode else 0, FUSED_MERGE=int(decode))
 
 
 # PHASE 2 merges the chunk states MERGE_BLOCK chunks at a time (kernels/causal_attention.py `_merge_blocked`),
@@ -221,12 +221,15 @@ def merge_of(cfg: dict, head_dim: int) -> int:
 
 
 # A split spec with FUSED_MERGE runs the chunks and their merge in one launch (PHASE 3, kernels/causal_attention.py):
-# the last chunk of each row tile to finish, by a ticket counter, merges. That saves the merge launch (PHASE 2 took
-# ~4 us of a ~10 us decode step's attention at Llama-1B's heads, batch 1: session 16), but needs zeroed counters
-# that outlive the launch: the native library keeps MERGE_COUNTERS of them per node and CUDA stream (concurrent runs
-# of a session may run on different streams), made at the node's first run on that stream outside a CUDA-graph
-# capture; a node first met inside one, or with more row tiles than counters, runs the two launches.
-# Not a built-in config until the H200 has timed it: a candidate `ort-triton tune` times for decode buckets.
+# the last chunk of each row tile to finish, by a ticket counter, merges. That saves the merge launch, but needs
+# zeroed counters that outlive the launch: the native library keeps MERGE_COUNTERS of them per node and CUDA stream
+# (concurrent runs of a session may run on different streams), made at the node's first run on that stream outside
+# a CUDA-graph capture; a node first met inside one, or with more row tiles than counters, runs the two launches.
+# The decode specs' default since the H200 timed it (session 19, fp16, Llama-1B's heads, head dim 64):
+# - the kernel alone, CUDA-graph replays (scripts/decode_attention_sweep.py --merge blocked,fused): 1x1024 7.59
+#   against 9.69 us, 1x4096 11.58 against 13.71 (the built-in tiles and split);
+# - Llama-1B's decode step through ORT with CUDA graphs, in alternating rounds against the two launches (bench.ab):
+#   1.033x at 1x1024, 1.028x at 1x4096, the same logits (bench/results/session19).
 MERGE_COUNTERS = 4096
 
 
@@ -282,7 +285,8 @@ def _specs(type_name: str) -> list[Spec]:
 
 
 # ---- tuning (ort-triton tune) -------------------------------------------------------------------------
-_TUNED = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "SPLIT_TARGET")
+_TILE = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+_TUNED = _TILE + ("SPLIT_TARGET", "FUSED_MERGE")
 # The register cap a decode candidate may carry: ptxas gives the fp16 decode spec at head dim 64 168 registers
 # on sm_90 (3 programs of 4 warps an SM), 128 fits 4. A Triton JIT build that happened to take 168 ran PHASE 1
 # at GPT-2's 12 heads, 16x4096 in 58 us against 82 with 229 (session 16, not yet an A/B of the AOT library).
@@ -309,19 +313,20 @@ def _tune_candidates(type_name: str, keys: tuple[int, ...], arch: int) -> list[d
     builtin = {k: v for k, v in block_config(d, type_name, rows, programs).items() if k in _TUNED}
     half = type_name != "float"
     ns = (32, 64, 128) if half else (16, 32, 64)
-    if rows <= DECODE_ROWS:  # a decode kernel streams the cache: one tile height, 4 warps, the split, and
-        # ptxas' register cap (DECODE_MAXNREG: more programs an SM, for the long caches of a large batch)
-        tiles = tile_candidates(builtin, (16,), ns, warps=(4,))
-        configs = [builtin] + [dict(t, SPLIT_TARGET=target) for target in (0, 128, 256, 512) for t in tiles]
-        configs += [dict(c, maxnreg=DECODE_MAXNREG) for c in configs]
-        configs += [dict(c, FUSED_MERGE=1) for c in configs if c["SPLIT_TARGET"] and "maxnreg" not in c]
-        unique: dict[tuple, dict] = {}  # each once, first come first (a tile with a target can repeat one)
+    tile = {k: builtin[k] for k in _TILE}
+    if rows <= DECODE_ROWS:  # a decode kernel streams the cache: one tile height, 4 warps, the split (its merge in
+        # a second launch, or fused), and ptxas' register cap (DECODE_MAXNREG: more programs an SM, for the long
+        # caches of a large batch; not with the fused merge, whose PHASE 3 holds the merge's tiles too)
+        tiles = tile_candidates(tile, (16,), ns, warps=(4,))
+        plain = [dict(t, SPLIT_TARGET=target, FUSED_MERGE=0) for target in (0, 128, 256, 512) for t in tiles]
+        configs = [builtin] + plain + [dict(c, maxnreg=DECODE_MAXNREG) for c in plain]
+        configs += [dict(c, FUSED_MERGE=1) for c in plain if c["SPLIT_TARGET"]]
+        unique: dict[tuple, dict] = {}  # each once, first come first (the built-in repeats one)
         for c in configs:
             unique.setdefault(tuple(sorted(c.items())), c)
         return list(unique.values())
     ms = (32, 64, 128) if half else (16, 32)
-    return [dict(c, SPLIT_TARGET=0) for c in tile_candidates(
-        {k: v for k, v in builtin.items() if k != "SPLIT_TARGET"}, ms, ns)]
+    return [dict(c, SPLIT_TARGET=0, FUSED_MERGE=0) for c in tile_candidates(tile, ms, ns)]
 
 
 def _tune_runner(type_name: str, shapes: list, attrs: dict, keys: tuple, config: dict, device: str):

@@ -10,6 +10,7 @@ from ort_triton.ops.attention import HEAD_DIMS
 from ort_triton.ops.causal_attention import (
     DECODE_ROWS,
     DECODE_WIDE,
+    MERGE_COUNTERS,
     SPLIT_MIN_KEYS,
     block_config,
     split_keys,
@@ -55,15 +56,21 @@ def plan(lib, inputs, masked_rows=0, elem_type=FLOAT16, arch=90):
 
 def parse(msg):
     m = re.fullmatch(r"kernel=(\S+) arch=(\d+) grid=(\d+),(\d+),(\d+) block=(\d+) shared=(\d+) spec=(\d+)"
-                     r"( grid2=(\d+),1,1 scratch=(\d+))?(?: out\d+=\S+)*", msg)
+                     r"( grid2=(\d+),1,1 scratch=(\d+)( merge_counters=\d+)?)?(?: out\d+=\S+)*", msg)
     assert m, msg
     return [int(v) for v in m.groups()[1:8]]
 
 
 def parse_split(msg):
     """(second grid, workspace bytes) of a split plan, None for one pass."""
-    m = re.search(r" grid2=(\d+),1,1 scratch=(\d+)(?: out\d+=\S+)*$", msg)
+    m = re.search(r" grid2=(\d+),1,1 scratch=(\d+)(?: merge_counters=\d+)?(?: out\d+=\S+)*$", msg)
     return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def parse_counters(msg):
+    """The merge counters of a plan that merges in the chunks' launch (PHASE 3), 0 for two launches or one pass."""
+    m = re.search(r" merge_counters=(\d+)", msg)
+    return int(m.group(1)) if m else 0
 
 
 @pytest.mark.parametrize("elem_type", [FLOAT, FLOAT16, BFLOAT16])
@@ -102,6 +109,8 @@ def test_plan_packs_the_group_into_rows(lib, elem_type, nq, nkv, s, t, d):
     assert gx == programs * chunks
     assert parse_split(msg) == ((programs, 4 * workspace_floats(programs, chunks, cfg["BLOCK_M"], cfg["BLOCK_D"]))
                                 if chunk else None)
+    # a split decode merges in the same launch (FUSED_MERGE, the decode default): one counter a row tile
+    assert parse_counters(msg) == (programs if chunk and cfg["FUSED_MERGE"] and programs <= MERGE_COUNTERS else 0)
     assert block == 32 * cfg["num_warps"] and 0 < shared <= 227 * 1024
 
 
@@ -123,6 +132,7 @@ def test_decode_splits_the_cache_until_the_target(lib, b, nkv, t, chunks):
     assert chunk % cfg["BLOCK_N"] == 0 and (not chunk or chunk >= SPLIT_MIN_KEYS)
     assert parse(msg)[1] == b * nkv * chunks
     assert (parse_split(msg) is None) == (chunks == 1)
+    assert parse_counters(msg) == (b * nkv if chunks > 1 else 0)  # the decode default merges in the same launch
 
 
 @pytest.mark.parametrize("elem_type", [FLOAT16, BFLOAT16])

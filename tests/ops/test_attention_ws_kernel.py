@@ -18,10 +18,13 @@ import pytest
 import torch
 
 from ort_triton.kernels.attention import attention, packed_attention
-from ort_triton.ops.attention import WS_HEAD_DIMS, reference_attention
+from ort_triton.ops.attention import WS_ENV, WS_HEAD_DIMS, reference_attention, ws_enabled
 from ort_triton.ops.packed_attention import reference_packed_attention
 
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"  # conftest decides
+# natively only with the experimental kernel asked for (ops/attention.py `ws_enabled`: its first launch on the
+# H200 did not return); the interpreter runs its maths either way
+pytestmark = pytest.mark.skipif(DEVICE == "cuda" and not ws_enabled(), reason=f"{WS_ENV} is not 1")
 DTYPES = [torch.float16, torch.bfloat16]
 TOL = {torch.float16: 1e-2, torch.bfloat16: 2e-2}
 

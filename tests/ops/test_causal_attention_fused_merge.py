@@ -19,7 +19,8 @@ from ort_triton.ops.causal_attention import MERGE_COUNTERS, TUNING, reference_ca
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"  # conftest decides
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TOL = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 2e-2}
-SPLIT = dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, SPLIT_TARGET=1 << 20, SPLIT_MIN_KEYS=16)  # chunks of 16 keys
+SPLIT = dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, SPLIT_TARGET=1 << 20, SPLIT_MIN_KEYS=16, FUSED_MERGE=0)  # chunks
+# of 16 keys, merged in a second launch
 F = lambda t: t.to(torch.float64).cpu().numpy()
 
 
@@ -66,6 +67,36 @@ def test_counters_carry_over_between_launches():
         q, k, v, kb = _case(b, nq, nkv, 1, t, 32, torch.float32, [0] * b, seed=i)
         fused = _run(q, k, v, kb, 0.2, 0, dict(SPLIT, FUSED_MERGE=1))
         assert np.array_equal(fused, _run(q, k, v, kb, 0.2, 0, SPLIT))
+
+
+def test_past_the_counters_two_launches_run(monkeypatch):
+    """More row tiles than counters: the entry point runs the two launches, as the library's planner does, and
+    leaves the counters alone (here 2 counters for 3 x 2 row tiles)."""
+    import ort_triton.kernels.causal_attention as kernel
+
+    q, k, v, kb = _case(3, 4, 2, 1, 70, 32, torch.float32, [0, 20, 0], seed=3)
+    two = _run(q, k, v, kb, 0.2, 0, SPLIT)
+    monkeypatch.setattr(kernel, "MERGE_COUNTERS", 2)
+    phases, real = [], kernel.causal_attention_fwd
+
+    class Spy:  # kernel[grid](*args): records each launch's PHASE (its 14th argument)
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: (phases.append(args[13]), real[grid](*args, **kwargs))[1]
+
+    monkeypatch.setattr(kernel, "causal_attention_fwd", Spy())
+    assert np.array_equal(_run(q, k, v, kb, 0.2, 0, dict(SPLIT, FUSED_MERGE=1)), two)
+    assert phases == [1, 2]  # the chunks, then their merge: no PHASE 3
+
+
+def test_the_decode_default_is_fused_and_the_tuner_times_both():
+    """The built-in decode config merges in the chunks' launch; the tuner's first candidate is that config, and it
+    also times the same tiles and split with the merge in a second launch."""
+    from ort_triton.ops.causal_attention import block_config
+
+    assert block_config(64, "float16", 4)["FUSED_MERGE"] == 1 and block_config(64, "float16", 512)["FUSED_MERGE"] == 0
+    decode = TUNING.candidates("float16", (64, 4, 8, 1024), 90)
+    assert decode[0]["FUSED_MERGE"] == 1 and decode[0]["SPLIT_TARGET"] > 0
+    assert dict(decode[0], FUSED_MERGE=0) in decode
 
 
 def test_more_row_tiles_than_counters_is_refused():

@@ -127,7 +127,9 @@ def test_finfo_min_padding_is_finite(dtype):
     _check(_run(q, k, v, kb, d**-0.5, 0, SMALL), q, k, v, kb, d**-0.5, 0, dtype)
 
 
-SPLIT = dict(SMALL, SPLIT_TARGET=1 << 20, SPLIT_MIN_KEYS=16)  # chunks of 16 keys: many chunks merge
+# chunks of 16 keys: many chunks merge, in a second launch (the fused merge, one launch, must give the same bits:
+# test_causal_attention_fused_merge.py)
+SPLIT = dict(SMALL, SPLIT_TARGET=1 << 20, SPLIT_MIN_KEYS=16, FUSED_MERGE=0)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -207,7 +209,7 @@ def test_split_with_a_register_cap(dtype):
 
     q, k, v = _inputs(2, 8, 2, 1, 300, 64, dtype, seed=7)
     kb = _padding(2, 300, dtype, float("-inf"), [0, 37], seed=7)
-    config = dict(SPLIT_TARGET=1 << 20, SPLIT_MIN_KEYS=64, BLOCK_N=64, maxnreg=DECODE_MAXNREG)
+    config = dict(SPLIT_TARGET=1 << 20, SPLIT_MIN_KEYS=64, BLOCK_N=64, maxnreg=DECODE_MAXNREG, FUSED_MERGE=0)
     _check(_run(q, k, v, kb, 0.125, 0, config), q, k, v, kb, 0.125, 0, dtype)
 
 

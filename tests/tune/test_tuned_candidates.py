@@ -1,9 +1,10 @@
-"""The tuning candidates that are not built-in configs, since no GPU has timed them yet. The warp-specialised
-attention kernel (ops/attention.py `ws_supported`): offered on Hopper only, for what it compiles for; a table
-entry that asks it of an older GPU is refused. CausalAttention's fused merge (FUSED_MERGE: the split decode in
-one launch). A library built with both holds the WS kernel for sm_90 with what its launch needs (three warp
-groups, Triton's global scratch a program, which the native compute takes from ORT's arena), dispatched for its
-bucket on sm_90 only, and plans the fused merge's bucket with its counters (one a row tile). The GPU runs
+"""Tuning candidates beyond the built-in configs. The warp-specialised attention kernel (ops/attention.py
+`ws_supported`), experimental: refused everywhere unless ORT_TRITON_EXPERIMENTAL_WS=1 (its first launch did not
+return on the H200); with it, offered on Hopper only, for what it compiles for, and a table entry that asks it of
+an older GPU is refused. CausalAttention's fused merge (FUSED_MERGE: the split decode in one launch), the decode
+default. A library built with both holds the WS kernel for sm_90 with what its launch needs (three warp groups,
+Triton's global scratch a program, which the native compute takes from ORT's arena), dispatched for its bucket on
+sm_90 only, and plans the fused merge with its counters (one a row tile). The GPU runs
 (tests/gpu/test_attention_ws_ort.py, tests/gpu/test_causal_attention_gpu.py) check their outputs through ORT."""
 
 import ctypes
@@ -13,6 +14,7 @@ import pytest
 
 from ort_triton import tuning
 from ort_triton.ops import BY_NAME
+from ort_triton.ops.attention import WS_ENV
 from tests import native_hooks
 from tests.conftest import run_cli
 
@@ -23,7 +25,22 @@ def ws_configs(op, type_name, keys, arch):
     return [c for c in op.tuning.candidates(type_name, keys, arch) if c.get("WS")]
 
 
-def test_offered_on_hopper_for_what_it_compiles():
+@pytest.fixture
+def ws_on(monkeypatch):
+    monkeypatch.setenv(WS_ENV, "1")  # subprocesses (the CLI, the tuner's workers) inherit it
+
+
+def test_off_unless_asked_for(monkeypatch, tmp_path):
+    """Without the variable: no WS candidate, and a table with a WS entry is refused, naming the variable."""
+    monkeypatch.delenv(WS_ENV, raising=False)
+    assert not ws_configs(MHA, "float16", (64, 1, 2048, 96), 90)
+    assert not ws_configs(PACKED, "float16", (64, 1, 2048, 96), 90)
+    assert MHA.tuning.candidates("float16", (64, 1, 2048, 96), 90)  # the others stay
+    with pytest.raises(tuning.TuningError, match=f"experimental.*set {WS_ENV}=1"):
+        tuning.load(_table(tmp_path / "t.json", 90, BUCKET, WS))
+
+
+def test_offered_on_hopper_for_what_it_compiles(ws_on):
     aligned = (64, 1, 2048, 96)  # head dim, Sq and Skv multiples of 16, Sq, B * N
     configs = ws_configs(MHA, "float16", aligned, 90)
     assert {(c["BLOCK_N"], c["num_stages"]) for c in configs} == {(64, 2), (64, 3), (128, 2), (128, 3)}
@@ -54,7 +71,7 @@ FUSED = {"op": "CausalAttention", "type": "float16", "arch": 90, "builtin": Fals
          "config": dict(BLOCK_M=16, BLOCK_N=128, num_warps=4, num_stages=2, SPLIT_TARGET=128, FUSED_MERGE=1)}
 
 
-def test_an_entry_for_an_older_gpu_is_refused(tmp_path):
+def test_an_entry_for_an_older_gpu_is_refused(ws_on, tmp_path):
     with pytest.raises(tuning.TuningError, match="for sm_90 on, not sm_80"):
         tuning.load(_table(tmp_path / "t.json", 80, BUCKET, WS))
     with pytest.raises(tuning.TuningError, match="Sq, Skv multiples of 16"):
@@ -68,7 +85,7 @@ def _plan(lib, b, s, heads, d, arch):
 
 
 @pytest.mark.slow
-def test_build_holds_the_kernel_with_its_scratch(tmp_path):
+def test_build_holds_the_kernel_with_its_scratch(ws_on, tmp_path):
     """Built for sm_80 and sm_90 (the built-in kernels are cached by tests/aot's default-arch build in CI)."""
     table = _table(tmp_path / "t.json", 90, BUCKET, WS, [FUSED])
     res = run_cli("build", "--arch", "80,90", "--tuning", table, "-o", tmp_path / "lib", timeout=1800)
@@ -96,7 +113,8 @@ def test_build_holds_the_kernel_with_its_scratch(tmp_path):
     assert fused["merge_counters"] == "8"
     rc, msg = native_hooks.plan_attrs(lib, "CausalAttention", [[1, 32, 1, 64], [1, 8, 1024, 64], [1, 8, 1024, 64],
                                                                [1, 1024]], 1, [0.125, 0], native_hooks.FLOAT16, 80)
-    assert rc == 0 and "grid2=8,1,1" in msg and "merge_counters" not in msg, msg  # the built-in spec: two launches
+    # the built-in spec on sm_80: the decode default merges in the same launch too
+    assert rc == 0 and " spec=0 " not in msg and "grid2=8,1,1 " in msg and "merge_counters=8" in msg, msg
 
     # a head dim nothing holds: the message lists each head dim once, the tuned spec's 64 ahead of the built-ins
     rc, msg = native_hooks.plan_attrs(lib, "MultiHeadAttention", [[2, 8, 12]] * 3 + [[2, 8], [12], [12]], 1,
@@ -105,7 +123,7 @@ def test_build_holds_the_kernel_with_its_scratch(tmp_path):
 
 
 @pytest.mark.slow
-def test_tune_times_the_ws_candidates_and_keeps_the_winner(tmp_path):
+def test_tune_times_the_ws_candidates_and_keeps_the_winner(ws_on, tmp_path):
     """A float16 PackedMultiHeadAttention node at S = 16 (aligned): the tuner runs every candidate (under the
     interpreter here, the WS ones through their TMA descriptors), a scripted timer makes the first WS one the
     fastest, and the table's entry is that config, which loads as a spec for sm_90 on."""
