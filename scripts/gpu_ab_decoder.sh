@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 8 for Llama-1B (carry [".ortgpu", ".ortinc"]; start with `source .ortgpu/activate.sh &&`): tune the fused
-# model's kernels with a short budget, build the tuned library, then time the default library against itself
+# Issue 8 for Llama-1B (MODEL: another of bench.decoder's; carry [".ortgpu", ".ortinc"]; start with
+# `source .ortgpu/activate.sh &&`): tune the fused model's kernels with a short budget, build the tuned library, then time the default library against itself
 # (A/A: the noise) and against the tuned one (A/B), both with CUDA graphs, prefill and decode, in alternating
 # rounds (ort_triton/bench/ab.py --decoder).
 # One device call: every step runs under `timeout`, capped so the whole script ends DEADLINE s (default 570)
@@ -14,7 +14,7 @@
 # ab_llama-1b_default_vs_default.json, ab_llama-1b_default_vs_tuned.json (and their .txt).
 source "$(dirname "$0")/gpu_env.sh"
 DEADLINE=${DEADLINE:-570}
-MODEL=llama-1b
+MODEL=${MODEL:-llama-1b}  # or gpt2-small (the table must cover its buckets)
 WORK=build/decoder_work
 PREFILL=${PREFILL:-1x512,8x512}
 DECODE=${DECODE:-1x1024,16x1024}

@@ -236,8 +236,9 @@ def causal_attention(q, k, v, key_bias, scale, masked_rows=0, *, out=None, confi
     (all one dtype). `out` lets a test hand in a poisoned buffer; `config` overrides block_config's
     BLOCK_M, BLOCK_N, num_warps, num_stages and SPLIT_TARGET (tests use small blocks so several blocks run,
     and SPLIT_MIN_KEYS small so that short caches split into several chunks), MERGE_BLOCK (merge_block's
-    by default; 0: the chunk-by-chunk merge) and maxnreg (ptxas' register cap, as a spec's). The launches are the
-    library's (native/causal_attention.c): one pass, or the chunks then their merge."""
+    by default; 0: the chunk-by-chunk merge), FUSED_MERGE (0: the merge in a second launch) and maxnreg (ptxas'
+    register cap, as a spec's). The launches are the library's (native/causal_attention.c): one pass, the chunks
+    with their merge in one launch, or the chunks then their merge."""
     import torch
 
     if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):

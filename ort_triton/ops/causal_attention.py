@@ -179,6 +179,12 @@ SPLIT_MIN_KEYS = 256
 # everywhere); other head dims and fp32 keep one decode spec.
 DECODE_WIDE = 64
 _WIDE_STAGES = {("half", 64): 3}
+# With the merge in the chunks' launch (FUSED_MERGE), splitting pays at the wide decode too: the wide spec splits
+# until about 256 programs run (two a SM), where the two launches lost (16x1024 above). H200, session 19, fp16,
+# Llama-1B's heads (8 KV heads, head dim 64), 128-key blocks, 4 warps, 3 stages, the kernel alone in CUDA-graph
+# replays (scripts/decode_attention_sweep.py --merge blocked,fused): batch 16, cache 4096 43.8 us against 58.6 for
+# one pass (128 programs), cache 1024 14.9 against 15.6.
+_WIDE_SPLIT_TARGET = {("half", 64): 256}
 
 
 def block_config(head_dim: int, type_name: str, rows: int, kv_programs: int = 1) -> dict:
@@ -188,10 +194,12 @@ def block_config(head_dim: int, type_name: str, rows: int, kv_programs: int = 1)
     decode = rows <= DECODE_ROWS
     kind = ("decode" if decode else "prefill", "float" if type_name == "float" else "half", block_d(head_dim))
     block_m, block_n, warps, stages = _CONFIGS[kind]
+    target = SPLIT_TARGET if decode else 0
     if decode and kv_programs >= DECODE_WIDE:
         stages = _WIDE_STAGES.get(kind[1:], stages)
+        target = _WIDE_SPLIT_TARGET.get(kind[1:], target)
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=kind[2], num_warps=warps, num_stages=stages,
-                SPLIT_TARGET=SPLIT_TARGET if decode else 0, FUSED_MERGE=int(decode))
+                SPLIT_TARGET=target, FUSED_MERGE=int(decode))
 
 
 # PHASE 2 merges the chunk states MERGE_BLOCK chunks at a time (kernels/causal_attention.py `_merge_blocked`),
