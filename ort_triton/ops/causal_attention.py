@@ -179,12 +179,12 @@ SPLIT_MIN_KEYS = 256
 # everywhere); other head dims and fp32 keep one decode spec.
 DECODE_WIDE = 64
 _WIDE_STAGES = {("half", 64): 3}
-# With the merge in the chunks' launch (FUSED_MERGE), splitting pays at the wide decode too: the wide spec splits
-# until about 256 programs run (two a SM), where the two launches lost (16x1024 above). H200, session 19, fp16,
-# Llama-1B's heads (8 KV heads, head dim 64), 128-key blocks, 4 warps, 3 stages, the kernel alone in CUDA-graph
-# replays (scripts/decode_attention_sweep.py --merge blocked,fused): batch 16, cache 4096 43.8 us against 58.6 for
-# one pass (128 programs), cache 1024 14.9 against 15.6.
-_WIDE_SPLIT_TARGET = {("half", 64): 256}
+# The wide spec keeps SPLIT_TARGET. A target of 256 with the fused merge (two programs a SM) was timed and not taken
+# (scripts/gpu_session20.sh micro, H100, fp16, head dim 64, 3 stages, kernel alone): Llama-1B's heads gained (16x4096
+# 54.4 against 60.4 us one pass, 8x4096 32.3 against 36.6 at 128), GPT-2's lost (16x1024 32.2 against 27.0,
+# 8x1024 17.9 against 14.0, 16x4096 86.3 against 78.2). Where it lost, ceil(256 / programs) chunks overshoot the
+# two programs a SM (96 programs x 3 chunks = 288, 192 x 2 = 384, past 2 x 132): a second, partial wave. A split
+# rounded down (never past the target) would keep both gains; not yet measured.
 
 
 def block_config(head_dim: int, type_name: str, rows: int, kv_programs: int = 1) -> dict:
@@ -194,12 +194,10 @@ def block_config(head_dim: int, type_name: str, rows: int, kv_programs: int = 1)
     decode = rows <= DECODE_ROWS
     kind = ("decode" if decode else "prefill", "float" if type_name == "float" else "half", block_d(head_dim))
     block_m, block_n, warps, stages = _CONFIGS[kind]
-    target = SPLIT_TARGET if decode else 0
     if decode and kv_programs >= DECODE_WIDE:
         stages = _WIDE_STAGES.get(kind[1:], stages)
-        target = _WIDE_SPLIT_TARGET.get(kind[1:], target)
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=kind[2], num_warps=warps, num_stages=stages,
-                SPLIT_TARGET=target, FUSED_MERGE=int(decode))
+                SPLIT_TARGET=SPLIT_TARGET if decode else 0, FUSED_MERGE=int(decode))
 
 
 # PHASE 2 merges the chunk states MERGE_BLOCK chunks at a time (kernels/causal_attention.py `_merge_blocked`),

@@ -119,9 +119,8 @@ def test_plan_packs_the_group_into_rows(lib, elem_type, nq, nkv, s, t, d):
     (1, 8, 1025, 5),     # 5 chunks of 256 (no chunk under SPLIT_MIN_KEYS)
     (4, 8, 4097, 4),     # 32 programs: 4 chunks reach the target; 1025 keys a chunk rounded up to 1152
     (1, 8, 256, 1),      # a cache of one chunk: one pass
-    (16, 8, 4097, 2),    # 128 programs, the wide spec: its target of 256 (with the fused merge) makes 2 chunks
-    (8, 8, 4097, 4),     # 64 programs, the wide spec: 4 chunks
-    (32, 8, 4097, 1),    # 256 programs already: one pass
+    (8, 8, 4097, 2),     # 64 programs, the wide spec: 2 chunks reach the target
+    (16, 8, 4097, 1),    # 128 programs already: one pass
 ])
 def test_decode_splits_the_cache_until_the_target(lib, b, nkv, t, chunks):
     """A decode step with few programs splits T into chunks of a multiple of BLOCK_N keys (the contract's
@@ -140,8 +139,8 @@ def test_decode_splits_the_cache_until_the_target(lib, b, nkv, t, chunks):
 @pytest.mark.parametrize("elem_type", [FLOAT16, BFLOAT16])
 def test_a_decode_step_of_many_programs_takes_the_wide_spec(lib, elem_type):
     """Llama-1B's decode (8 KV heads, head dim 64): batch 16 is 128 programs, past DECODE_WIDE, and takes the spec
-    with one more stage (more shared memory a program) and a split to 256 programs; batch 1 the other decode
-    spec."""
+    with one more stage (more shared memory a program); batch 1 the other decode spec. Batch 8 (64 programs) takes
+    the wide spec and splits, its merge in the same launch."""
     plans = {}
     for b in (1, 16):
         rc, msg = plan(lib, shapes(b, 32, 8, 1, 4097, 64), elem_type=elem_type)
@@ -151,8 +150,7 @@ def test_a_decode_step_of_many_programs_takes_the_wide_spec(lib, elem_type):
     assert plans[16][-1] == plans[1][-1] + 1 == spec_index(TYPE_NAMES[elem_type], 64, 4, 128)
     narrow, wide = block_config(64, "float16", 4, 8), block_config(64, "float16", 4, 128)
     assert (narrow["num_stages"], wide["num_stages"]) == (2, 3)
-    assert (narrow["SPLIT_TARGET"], wide["SPLIT_TARGET"]) == (128, 256)  # the wide one splits too (fused merge)
-    assert " merge_counters=128 " in plan(lib, shapes(16, 32, 8, 1, 4097, 64), elem_type=elem_type)[1]
+    assert " merge_counters=64 " in plan(lib, shapes(8, 32, 8, 1, 4097, 64), elem_type=elem_type)[1]  # wide, split
     assert plans[16][-2] > plans[1][-2]  # shared bytes: a third K/V stage
 
 
