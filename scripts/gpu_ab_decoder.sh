@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 8 for Llama-1B (MODEL: another of bench.decoder's; carry [".ortgpu", ".ortinc"]; start with
-# `source .ortgpu/activate.sh &&`): tune the fused model's kernels with a short budget, build the tuned library, then time the default library against itself
-# (A/A: the noise) and against the tuned one (A/B), both with CUDA graphs, prefill and decode, in alternating
+# `source .ortgpu/activate.sh &&`): tune the fused model's kernels with a short budget, build the tuned library,
+# then time the default library against itself (A/A: the noise) and against the tuned one (A/B), both with CUDA graphs, prefill and decode, in alternating
 # rounds (ort_triton/bench/ab.py --decoder).
 # One device call: every step runs under `timeout`, capped so the whole script ends DEADLINE s (default 570)
 # after it started; the ab runs write their JSON after every shape, so a cut-short step keeps what it measured.

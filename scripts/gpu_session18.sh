@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Session 18's GPU calls, for the warp-specialised attention kernel (kernels/attention.py `_attention_ws`,
 # experimental: the ws steps set ORT_TRITON_EXPERIMENTAL_WS=1; its first launch on the H200 did not return in
-# session 19, so each is bounded) and the fused merge; carry [".ortgpu", ".ortinc"], start with `source .ortgpu/activate.sh &&`. STEPS picks them
+# session 19, so each is bounded) and the fused merge; carry [".ortgpu", ".ortinc"], start with
+# `source .ortgpu/activate.sh &&`. STEPS picks them
 # (default "ws_tests ws_micro"), each bounded so a call ends inside 10 minutes:
 #   ws_tests  the WS kernel natively on CUDA (tests/ops/test_attention_ws_kernel.py), through ORT from a library
 #             built with WS entries (tests/gpu/test_attention_ws_ort.py), and the existing attention kernel tests

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 20's GPU calls (carry [".ortgpu", ".ortinc"], start with `source .ortgpu/activate.sh &&`), for the decode
-# defaults of ops/causal_attention.py: the split's merge in the chunks' launch (FUSED_MERGE) and the wide decode
-# spec splitting to 256 programs. STEPS picks them (default "tests micro"), each bounded so a call ends inside
+# defaults of ops/causal_attention.py: the split's merge in the chunks' launch (FUSED_MERGE), and the wide decode
+# spec's split target (256 timed, not taken: the comment at _WIDE_STAGES). STEPS picks them (default "tests micro"), each bounded so a call ends inside
 # 10 minutes:
 #   tests  CausalAttention through ORT from the AOT library (tests/gpu: the fused merge with programs racing,
 #          threads, a CUDA graph; every decode and prefill spec), then the kernel natively (Triton's JIT);

@@ -25,10 +25,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="write one JSON line per spec here")
     args = ap.parse_args()
-    from ort_triton.ops.attention import WS_ENV, ws_enabled
+    from ort_triton.ops.attention import require_ws
 
-    if not ws_enabled():  # the kernel is experimental: its first launch on the H200 did not return
-        ap.error(f"the warp-specialised kernel is experimental; set {WS_ENV}=1 to compile or time it")
+    try:  # the kernel is experimental: its first launch on the H200 did not return
+        require_ws()
+    except ValueError as e:
+        ap.error(str(e))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for op_name in ("MultiHeadAttention", "PackedMultiHeadAttention"):

@@ -162,9 +162,12 @@ def ws_enabled() -> bool:
     return os.environ.get(WS_ENV) == "1"
 
 
-def ws_refused() -> str:
-    return (f"attention: the warp-specialised (WS) kernel is experimental: its first launch on the H200 did not "
-            f"return; set {WS_ENV}=1 to tune, build or run it anyway, or drop the WS entries from the tuning table")
+def require_ws() -> None:
+    """Raise ValueError, naming WS_ENV, unless the experimental warp-specialised kernel was asked for."""
+    if not ws_enabled():
+        raise ValueError(f"attention: the warp-specialised (WS) kernel is experimental: its first launch on the H200 "
+                         f"did not return; set {WS_ENV}=1 to tune, build or run it anyway, or drop the WS entries "
+                         "from the tuning table")
 
 
 def ws_supported(head_dim: int, type_name: str, arch: int, packed: bool = False) -> bool:
@@ -204,8 +207,8 @@ def _spec(type_name: str, keys: tuple[tuple[int, int], ...], cfg: dict, packed: 
     aligned lo = 1 promises Sq and Skv multiples of 16. packed: the kernel of PackedMultiHeadAttention
     (ops/packed_attention.py)."""
     d, aligned = keys[0][0], keys[1][0]
-    if cfg.get("WS") and not ws_enabled():
-        raise ValueError(ws_refused())
+    if cfg.get("WS"):
+        require_ws()
     if cfg.get("WS") and not aligned:
         raise ValueError("attention: a warp-specialised (WS) spec needs the aligned keys (Sq, Skv multiples of 16)")
     return Spec(

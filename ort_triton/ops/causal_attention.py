@@ -235,7 +235,7 @@ def merge_of(cfg: dict, head_dim: int) -> int:
 # - the kernel alone, CUDA-graph replays (scripts/decode_attention_sweep.py --merge blocked,fused): 1x1024 7.59
 #   against 9.69 us, 1x4096 11.58 against 13.71 (the built-in tiles and split);
 # - Llama-1B's decode step through ORT with CUDA graphs, in alternating rounds against the two launches (bench.ab):
-#   1.033x at 1x1024, 1.028x at 1x4096, the same logits (bench/results/session19).
+#   1.033x at 1x1024, 1.028x at 1x4096, the same logits (bench/results/README.md, "Session 19").
 MERGE_COUNTERS = 4096
 
 
