@@ -16,7 +16,7 @@ source "$(dirname "$0")/gpu_env.sh"
 DEADLINE=${DEADLINE:-570}
 MODEL=${MODEL:-llama-1b}  # or gpt2-small (the table must cover its buckets)
 WORK=build/decoder_work
-PREFILL=${PREFILL:-1x512,8x512}
+PREFILL=${PREFILL-1x512,8x512}  # empty: none
 DECODE=${DECODE:-1x1024,16x1024}
 BUDGET_MIN=${BUDGET_MIN:-1}
 A=${A:-ort_triton_cuda_graph}

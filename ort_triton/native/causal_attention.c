@@ -33,8 +33,8 @@ enum { VALUE_SPLIT }; /* plan->values: keys per chunk, 0 for one pass */
 
 /* The contract's split_keys (ops/causal_attention.py): keys per chunk, 0 for one pass. */
 static int64_t split_keys(int64_t t, int64_t programs, int64_t block_n, int64_t target, int64_t min_keys) {
-  if (target <= 0 || programs >= target || t <= min_keys) return 0;
-  const int64_t want = (target + programs - 1) / programs;
+  const int64_t want = target > 0 && programs > 0 ? target / programs : 0;
+  if (want < 2 || t <= min_keys) return 0;
   int64_t chunk = (t + want - 1) / want;
   if (chunk < min_keys) chunk = min_keys;
   chunk = (chunk + block_n - 1) / block_n * block_n;

@@ -161,12 +161,13 @@ _CONFIGS = {
     ("prefill", "float", 64): (32, 32, 4, 2),
     ("prefill", "float", 128): (16, 32, 8, 2),
 }
-# Decode specs split the cache until about this many programs run (about one wave of the H200's 132 SMs),
-# never into chunks under SPLIT_MIN_KEYS. 0: one pass (the prefill specs: enough row tiles). 128, not the first
-# choice 256 (two waves), from the H200 sweep at Llama-1B's heads (scripts/decode_attention_sweep.py, session
-# 14): 1x4096 15.9 us against 18.8 (chunks of 384 keys, not 256), 16x1024 16.1 against 16.8 (128 programs:
-# one pass, the merge launch saved), 1x1024 the same 10.3.
-SPLIT_TARGET = 128
+# Decode specs split the cache into at most this many programs (one wave of the H100's and H200's 132 SMs;
+# split_keys rounds down), never into chunks under SPLIT_MIN_KEYS. 0: one pass (the prefill specs: enough row
+# tiles). One wave, not two, from the H200 sweep at Llama-1B's heads (scripts/decode_attention_sweep.py, session
+# 14): 1x4096 15.9 us against 18.8 (chunks of 384 keys, not 256), 16x1024 16.1 against 16.8 (128 programs: one
+# pass, the merge launch saved), 1x1024 the same 10.3. Rounded down, 132 splits batch 1 as the rounded-up 128 did
+# (8 programs of Llama-1B: 16 chunks; 12 of GPT-2: 11).
+SPLIT_TARGET = 132
 SPLIT_MIN_KEYS = 256
 
 
@@ -179,12 +180,12 @@ SPLIT_MIN_KEYS = 256
 # everywhere); other head dims and fp32 keep one decode spec.
 DECODE_WIDE = 64
 _WIDE_STAGES = {("half", 64): 3}
-# The wide spec keeps SPLIT_TARGET. A target of 256 with the fused merge (two programs a SM) was timed and not taken
-# (scripts/gpu_session20.sh micro, H100, fp16, head dim 64, 3 stages, kernel alone): Llama-1B's heads gained (16x4096
-# 54.4 against 60.4 us one pass, 8x4096 32.3 against 36.6 at 128), GPT-2's lost (16x1024 32.2 against 27.0,
-# 8x1024 17.9 against 14.0, 16x4096 86.3 against 78.2). Where it lost, ceil(256 / programs) chunks overshoot the
-# two programs a SM (96 programs x 3 chunks = 288, 192 x 2 = 384, past 2 x 132): a second, partial wave. A split
-# rounded down (never past the target) would keep both gains; not yet measured.
+# With the merge in the chunks' launch, the wide spec splits up to two programs a SM (scripts/gpu_session20.sh
+# micro, H100, fp16, head dim 64, 3 stages, kernel alone; rounded-up targets then): Llama-1B's heads gained
+# (16x4096 54.4 against 60.4 us one pass, 8x4096 32.3 against 36.6 at one wave). Rounded up, 256 lost at
+# GPT-2's (16x1024 32.2 against 27.0, 8x1024 17.9 against 14.0): 96 programs x 3 chunks = 288 and 192 x 2 = 384
+# ran past the 264 slots, a second partial wave. Rounded down, 264 splits 96 programs in 2 and leaves 192 whole.
+_WIDE_SPLIT = {("half", 64): 2 * SPLIT_TARGET}
 
 
 def block_config(head_dim: int, type_name: str, rows: int, kv_programs: int = 1) -> dict:
@@ -194,10 +195,12 @@ def block_config(head_dim: int, type_name: str, rows: int, kv_programs: int = 1)
     decode = rows <= DECODE_ROWS
     kind = ("decode" if decode else "prefill", "float" if type_name == "float" else "half", block_d(head_dim))
     block_m, block_n, warps, stages = _CONFIGS[kind]
+    split = SPLIT_TARGET if decode else 0
     if decode and kv_programs >= DECODE_WIDE:
         stages = _WIDE_STAGES.get(kind[1:], stages)
+        split = _WIDE_SPLIT.get(kind[1:], split)
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=kind[2], num_warps=warps, num_stages=stages,
-                SPLIT_TARGET=SPLIT_TARGET if decode else 0, FUSED_MERGE=int(decode))
+                SPLIT_TARGET=split, FUSED_MERGE=int(decode))
 
 
 # PHASE 2 merges the chunk states MERGE_BLOCK chunks at a time (kernels/causal_attention.py `_merge_blocked`),
@@ -240,13 +243,15 @@ MERGE_COUNTERS = 4096
 
 
 def split_keys(t: int, programs: int, block_n: int, target: int, min_keys: int = SPLIT_MIN_KEYS) -> int:
-    """Keys per chunk when `programs` programs stream T keys and a spec aims at `target` programs; 0 for
-    one pass (no split asked, enough programs already, or a cache that makes one chunk). A multiple of
+    """Keys per chunk when `programs` programs stream T keys and a spec allows at most `target` programs;
+    0 for one pass (no split asked, fewer than two chunks fit under the target, or a cache that makes one
+    chunk). Chunks round down: programs * chunks never passes the target, so a target of whole waves never
+    starts a partial one (rounded up, 96 programs x 3 chunks ran 288 programs on 264 slots). A multiple of
     BLOCK_N, so no key block straddles two chunks. native/causal_attention.c computes the same (min_keys:
     the spec's SPLIT_MIN_KEYS const; tests lower it to split small caches)."""
-    if target <= 0 or programs >= target or t <= min_keys:
+    want = target // programs if target > 0 and programs > 0 else 0
+    if want < 2 or t <= min_keys:
         return 0
-    want = -(-target // programs)
     chunk = max(-(-t // want), min_keys)
     chunk = -(-chunk // block_n) * block_n
     return chunk if chunk < t else 0
@@ -311,6 +316,10 @@ def _tune_bucket(keys: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
     return ((keys[0], keys[0]), (lo, hi), pow2_bucket(keys[2]), pow2_bucket(keys[3]))
 
 
+# The tuner's split targets: one pass, then up to one, two and four waves of the H100/H200 (split_keys rounds down).
+_TUNE_SPLITS = (0, SPLIT_TARGET, 2 * SPLIT_TARGET, 4 * SPLIT_TARGET)
+
+
 def _tune_candidates(type_name: str, keys: tuple[int, ...], arch: int) -> list[dict]:
     """The built-in config, then tiles around it: BLOCK_M 16 only for decode rows (tl.dot's least; more rows
     would be masked), with the split targets (0: one pass); fp32's 3xTF32 dots hold operands twice, so
@@ -324,7 +333,7 @@ def _tune_candidates(type_name: str, keys: tuple[int, ...], arch: int) -> list[d
         # a second launch, or fused), and ptxas' register cap (DECODE_MAXNREG: more programs an SM, for the long
         # caches of a large batch; not with the fused merge, whose PHASE 3 holds the merge's tiles too)
         tiles = tile_candidates(tile, (16,), ns, warps=(4,))
-        plain = [dict(t, SPLIT_TARGET=target, FUSED_MERGE=0) for target in (0, 128, 256, 512) for t in tiles]
+        plain = [dict(t, SPLIT_TARGET=target, FUSED_MERGE=0) for target in _TUNE_SPLITS for t in tiles]
         configs = [builtin] + plain + [dict(c, maxnreg=DECODE_MAXNREG) for c in plain]
         configs += [dict(c, FUSED_MERGE=1) for c in plain if c["SPLIT_TARGET"]]
         unique: dict[tuple, dict] = {}  # each once, first come first (the built-in repeats one)

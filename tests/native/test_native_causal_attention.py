@@ -12,6 +12,7 @@ from ort_triton.ops.causal_attention import (
     DECODE_WIDE,
     MERGE_COUNTERS,
     SPLIT_MIN_KEYS,
+    SPLIT_TARGET,
     block_config,
     split_keys,
     workspace_floats,
@@ -115,12 +116,15 @@ def test_plan_packs_the_group_into_rows(lib, elem_type, nq, nkv, s, t, d):
 
 
 @pytest.mark.parametrize("b, nkv, t, chunks", [
-    (1, 8, 4097, 11),    # Llama-1B, batch 1: 8 programs x 16 chunks reach the target of 128: 257 -> 384 keys
+    (1, 8, 4097, 11),    # Llama-1B, batch 1: 8 programs x 16 chunks stay under the target of 132: 257 -> 384 keys
     (1, 8, 1025, 5),     # 5 chunks of 256 (no chunk under SPLIT_MIN_KEYS)
-    (4, 8, 4097, 4),     # 32 programs: 4 chunks reach the target; 1025 keys a chunk rounded up to 1152
+    (4, 8, 4097, 4),     # 32 programs: 4 chunks; 1025 keys a chunk rounded up to 1152
     (1, 8, 256, 1),      # a cache of one chunk: one pass
-    (8, 8, 4097, 2),     # 64 programs, the wide spec: 2 chunks reach the target
-    (16, 8, 4097, 1),    # 128 programs already: one pass
+    (1, 12, 4097, 11),   # GPT-2, batch 1: 12 programs x 11 chunks, one wave exactly
+    (8, 8, 4097, 4),     # 64 programs, the wide spec (two waves, 264): 4 chunks
+    (16, 8, 4097, 2),    # 128 programs: 2 chunks
+    (8, 12, 4097, 2),    # 96 programs: 2 chunks, not 3 (288 programs would start a third, partial wave)
+    (16, 12, 4097, 1),   # 192 programs: a second chunk would pass 264, so one pass
 ])
 def test_decode_splits_the_cache_until_the_target(lib, b, nkv, t, chunks):
     """A decode step with few programs splits T into chunks of a multiple of BLOCK_N keys (the contract's
@@ -139,8 +143,8 @@ def test_decode_splits_the_cache_until_the_target(lib, b, nkv, t, chunks):
 @pytest.mark.parametrize("elem_type", [FLOAT16, BFLOAT16])
 def test_a_decode_step_of_many_programs_takes_the_wide_spec(lib, elem_type):
     """Llama-1B's decode (8 KV heads, head dim 64): batch 16 is 128 programs, past DECODE_WIDE, and takes the spec
-    with one more stage (more shared memory a program); batch 1 the other decode spec. Batch 8 (64 programs) takes
-    the wide spec and splits, its merge in the same launch."""
+    with one more stage (more shared memory a program) and a split up to two waves; batch 1 the other decode
+    spec. Batch 8 and 16 split, their merge in the same launch."""
     plans = {}
     for b in (1, 16):
         rc, msg = plan(lib, shapes(b, 32, 8, 1, 4097, 64), elem_type=elem_type)
@@ -150,7 +154,9 @@ def test_a_decode_step_of_many_programs_takes_the_wide_spec(lib, elem_type):
     assert plans[16][-1] == plans[1][-1] + 1 == spec_index(TYPE_NAMES[elem_type], 64, 4, 128)
     narrow, wide = block_config(64, "float16", 4, 8), block_config(64, "float16", 4, 128)
     assert (narrow["num_stages"], wide["num_stages"]) == (2, 3)
+    assert (narrow["SPLIT_TARGET"], wide["SPLIT_TARGET"]) == (SPLIT_TARGET, 2 * SPLIT_TARGET)
     assert " merge_counters=64 " in plan(lib, shapes(8, 32, 8, 1, 4097, 64), elem_type=elem_type)[1]  # wide, split
+    assert parse_counters(plan(lib, shapes(16, 32, 8, 1, 4097, 64), elem_type=elem_type)[1]) == 128
     assert plans[16][-2] > plans[1][-2]  # shared bytes: a third K/V stage
 
 
