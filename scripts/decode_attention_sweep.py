@@ -45,13 +45,13 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     ints = lambda s: [int(v) for v in s.split(",")]
     nq, nkv, d = args.heads, args.kv_heads, args.head_dim
-    default = block_config(d, "float16", nq // nkv)
     # MERGE_BLOCK by variant; None: the library's for the config's warps (left to causal_attention)
     merges = {name: 0 if name == "loop" else None if name in ("blocked", "fused") else int(name[len("blocked"):])
               for name in args.merge.split(",")}
     with open(args.json, "w") as out:  # one row a line, flushed per shape: a cut run keeps what it timed
         for shape in args.shapes.split(","):
             b, t = map(int, shape.split("x"))
+            default = block_config(d, "float16", nq // nkv, b * nkv)  # the wide spec from DECODE_WIDE programs on
             t += 1  # the cache plus the new token
             gen = torch.Generator(device="cuda").manual_seed(0)
             q, k, v = (torch.randn(shape, generator=gen, device="cuda", dtype=torch.float16)
@@ -66,7 +66,7 @@ def main(argv=None) -> None:
                 return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
 
             ours = functools.partial(causal_attention, q, k, v, kb, scale, out=y)
-            rows = [dict(config="default", us=1e3 * ms(ours),
+            rows = [dict(config="default", us=1e3 * ms(ours), split_target=default["SPLIT_TARGET"],
                          chunk=split_keys(t, b * nkv, default["BLOCK_N"], default["SPLIT_TARGET"], SPLIT_MIN_KEYS))]
             sdpa = torch.nn.functional.scaled_dot_product_attention
             torch_sdpa = functools.partial(sdpa, q, k, v, scale=scale, enable_gqa=True)

@@ -5,6 +5,8 @@ import ctypes
 import re
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ort_triton.ops.attention import HEAD_DIMS
 from ort_triton.ops.causal_attention import (
@@ -138,6 +140,19 @@ def test_decode_splits_the_cache_until_the_target(lib, b, nkv, t, chunks):
     assert parse(msg)[1] == b * nkv * chunks
     assert (parse_split(msg) is None) == (chunks == 1)
     assert parse_counters(msg) == (b * nkv if chunks > 1 else 0)  # the decode default merges in the same launch
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(b=st.integers(1, 40), nkv=st.sampled_from([1, 2, 4, 8, 12, 16]), g=st.sampled_from([1, 4, 8]),
+       t=st.integers(1, 20000), d=st.sampled_from([64, 128]))
+def test_the_library_splits_as_the_contract(lib, b, nkv, g, t, d):
+    """The C planner's chunk count equals split_keys' for any decode step: batch, KV heads, group, cache, head dim."""
+    rc, msg = plan(lib, shapes(b, g * nkv, nkv, 1, t, d))
+    assert rc == 0, msg
+    cfg = block_config(d, "float16", g, b * nkv)
+    programs = -(-g // cfg["BLOCK_M"]) * b * nkv
+    chunk = split_keys(t, programs, cfg["BLOCK_N"], cfg["SPLIT_TARGET"])
+    assert parse(msg)[1] == programs * (-(-t // chunk) if chunk else 1)
 
 
 @pytest.mark.parametrize("elem_type", [FLOAT16, BFLOAT16])
