@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 20's GPU calls (carry [".ortgpu", ".ortinc"], start with `source .ortgpu/activate.sh &&`), for the decode
+# Session 20's and 21's GPU calls (carry [".ortgpu", ".ortinc"], start with `source .ortgpu/activate.sh &&`), for the decode
 # defaults of ops/causal_attention.py: the split's merge in the chunks' launch (FUSED_MERGE), and the wide decode
 # spec's split target (the comment at _WIDE_SPLIT). STEPS picks them (default "tests micro"), each bounded so a call ends inside
 # 10 minutes:

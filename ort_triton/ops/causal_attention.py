@@ -181,10 +181,10 @@ SPLIT_MIN_KEYS = 256
 DECODE_WIDE = 64
 _WIDE_STAGES = {("half", 64): 3}
 # With the merge in the chunks' launch, the wide spec splits up to two programs a SM (scripts/gpu_session20.sh
-# micro, H100, fp16, head dim 64, 3 stages, kernel alone; rounded-up targets then): Llama-1B's heads gained
-# (16x4096 54.4 against 60.4 us one pass, 8x4096 32.3 against 36.6 at one wave). Rounded up, 256 lost at
-# GPT-2's (16x1024 32.2 against 27.0, 8x1024 17.9 against 14.0): 96 programs x 3 chunks = 288 and 192 x 2 = 384
-# ran past the 264 slots, a second partial wave. Rounded down, 264 splits 96 programs in 2 and leaves 192 whole.
+# micro, H100, fp16, head dim 64, 3 stages, kernel alone, session 21): 16x4096 53.4 against 59.8 us one pass and
+# 61.6 at one wave at Llama-1B's heads, 8x4096 31.8 against 36.4; GPT-2's 8x4096 44.4 against 54.7, its batch 16
+# left whole (192 programs). Rounded up (session 20), 256 had lost at GPT-2's: 192 x 2 = 384 programs on 264
+# slots, 86.3 us at 16x4096. End to end, Llama-1B decode 16x4096 1.030x and 16x1024 1.011x (bench/results).
 _WIDE_SPLIT = {("half", 64): 2 * SPLIT_TARGET}
 
 

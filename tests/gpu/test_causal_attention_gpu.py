@@ -104,9 +104,9 @@ def _node_model(type_name, masked_rows, scale):
 @pytest.mark.parametrize("masked_rows", [0, 1])
 def test_cuda_ep_runs_the_kernel(gpu_library, type_name, masked_rows):
     """One session (dynamic shapes) over every head dim and a decode, prefill and chunk shape each; the
-    decodes over 300 and 2000 keys split the cache (2 and 4-5 chunks in fp16: the workspace from ORT's arena), the one of
-    16 x 8 KV heads runs the wide decode spec at BLOCK_D 64 (DECODE_WIDE programs and more), its 257 keys in 2
-    chunks at head dims 40 and 64."""
+    decodes over 300 and 2000 keys split the cache (2 and 4-5 chunks in fp16: the workspace from ORT's arena),
+    the one of 16 x 8 KV heads runs the wide decode spec at BLOCK_D 64 (DECODE_WIDE programs and more), its 257
+    keys in 2 chunks at head dims 40 and 64."""
     _, dtype, tol = DTYPES[type_name]
     sess = make_session(_node_model(type_name, masked_rows, 0.1), providers=["CUDAExecutionProvider"],
                         library=gpu_library)
