@@ -9,6 +9,8 @@
 #          head dim 64: the default against split targets SPLITS (default 0,132,264,528; split_keys rounds down
 #          since session 21, up before) with the fused merge, and torch's sdpa (scripts/decode_attention_sweep.py;
 #          JSONL in $OUT/micro_HEADS.jsonl);
+#   batch1 the same at batch 1 (the narrow spec, 2 stages, one wave): the least keys a chunk (SPLIT_MIN_KEYS 64,
+#          128, 256) and the key block, caches 1024-4096 (JSONL in $OUT/batch1_HEADS.jsonl);
 #   ab     MODEL's (llama-1b) prefill and decode through ORT with CUDA graphs, the default library (A) against one
 #          built from a table of every decode bucket (B, scripts/fused_merge_table.py --merge B_MERGE --split-target
 #          B_SPLIT; default two and 128: session 18's decode; fused and 132: session 20's, one wave everywhere),
@@ -26,6 +28,12 @@ for step in ${STEPS:-tests micro}; do
         --shapes "${DECODE:-8x1024,8x4096,16x1024,16x4096}" --block-n 128 --warps 4 --stages 3 \
         --split-target "${SPLITS:-0,132,264,528}" --split-min-keys 256 --merge fused --json "$OUT/micro_${heads%/*}.jsonl" 2>&1 |
         filter | tail -28
+    done ;;
+  batch1)
+    for heads in 32/8 12/12; do
+      timeout "${MICRO_TIMEOUT:-100}" python3 scripts/decode_attention_sweep.py --heads "${heads%/*}" --kv-heads "${heads#*/}" \
+        --shapes "${DECODE:-1x1024,1x2048,1x4096}" --block-n 64,128 --warps 4 --stages 2 --split-target 132 \
+        --split-min-keys 64,128,256 --merge fused --json "$OUT/batch1_${heads%/*}.jsonl" 2>&1 | filter | tail -24
     done ;;
   ab)
     mkdir -p build/ab_decoder
