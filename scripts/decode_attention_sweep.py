@@ -28,7 +28,7 @@ def main(argv=None) -> None:
     import triton
 
     from ort_triton.kernels.causal_attention import causal_attention
-    from ort_triton.ops.causal_attention import SPLIT_MIN_KEYS, block_config, merge_block, split_keys
+    from ort_triton.ops.causal_attention import SPLIT_MIN_KEYS, block_config, merge_block, split_chunks, split_keys
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default="1x1024,16x1024,1x4096,16x4096")
@@ -91,7 +91,7 @@ def main(argv=None) -> None:
                     continue
                 rows.append(dict(config=cfg, merge=merge if chunk else None,
                                  merge_block=merge_block(d, default["BLOCK_M"], w) if merge_blk is None else merge_blk,
-                                 us=us, max_abs_diff=err, chunk=chunk, chunks=-(-t // chunk) if chunk else 1))
+                                 us=us, max_abs_diff=err, chunk=chunk, chunks=split_chunks(t, chunk)))
             cache_bytes = 2 * b * nkv * t * d * 2
             for row in rows:
                 row.update(shape=shape, cache_bytes=cache_bytes)

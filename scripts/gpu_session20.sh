@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Session 20's and 21's GPU calls (carry [".ortgpu", ".ortinc"], start with `source .ortgpu/activate.sh &&`), for the decode
-# defaults of ops/causal_attention.py: the split's merge in the chunks' launch (FUSED_MERGE), and the wide decode
-# spec's split target (the comment at _WIDE_SPLIT). STEPS picks them (default "tests micro"), each bounded so a call ends inside
-# 10 minutes:
+# Session 20's and 21's GPU calls (carry [".ortgpu", ".ortinc"], start with `source .ortgpu/activate.sh &&`), for
+# the decode defaults of ops/causal_attention.py: the split's merge in the chunks' launch (FUSED_MERGE), and the
+# wide decode spec's split target (the comment at _WIDE_SPLIT). STEPS picks them (default "tests micro"), each
+# bounded so a call ends inside 10 minutes:
 #   tests  CausalAttention through ORT from the AOT library (tests/gpu: the fused merge with programs racing,
 #          threads, a CUDA graph; every decode and prefill spec), then the kernel natively (Triton's JIT);
 #   micro  the kernel alone in CUDA-graph replays at batch 8 and 16, Llama-1B's heads (32/8) and GPT-2's (12/12),

@@ -23,7 +23,7 @@ def _one_shape(b: int, t: int, nq: int, nkv: int, d: int) -> dict:
     import triton
 
     from ..kernels.causal_attention import causal_attention
-    from ..ops.causal_attention import block_config, split_keys
+    from ..ops.causal_attention import block_config, split_chunks, split_keys
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     r = lambda *shape: torch.randn(shape, generator=gen, device="cuda", dtype=torch.float16)
@@ -47,7 +47,7 @@ def _one_shape(b: int, t: int, nq: int, nkv: int, d: int) -> dict:
     cache_bytes = 2 * b * nkv * t * d * 2
     gbps = lambda m: cache_bytes / m / 1e6
     return dict(batch=b, cache=t, heads=nq, kv_heads=nkv, head_dim=d, chunk_keys=chunk,
-                chunks=-(-t // chunk) if chunk else 1, one_pass_ms=one_pass, split_ms=split, sdpa_ms=torch_ms,
+                chunks=split_chunks(t, chunk), one_pass_ms=one_pass, split_ms=split, sdpa_ms=torch_ms,
                 split_speedup=one_pass / split, vs_sdpa=torch_ms / split, split_gbps=gbps(split),
                 one_pass_gbps=gbps(one_pass), sdpa_gbps=gbps(torch_ms),
                 split_ceiling_fraction=gbps(split) / CEILING_GBPS, max_abs_diff_split_vs_one_pass=diff,

@@ -46,7 +46,15 @@ import triton
 import triton.language as tl
 
 from ..ops.attention import HEAD_DIMS
-from ..ops.causal_attention import MERGE_COUNTERS, SPLIT_MIN_KEYS, block_config, merge_of, split_keys, workspace_floats
+from ..ops.causal_attention import (
+    MERGE_COUNTERS,
+    SPLIT_MIN_KEYS,
+    block_config,
+    merge_of,
+    split_chunks,
+    split_keys,
+    workspace_floats,
+)
 from .attention import _LOG2E, _attend, _log2_key_bias, _softmax_step
 
 
@@ -282,7 +290,7 @@ def causal_attention(q, k, v, key_bias, scale, masked_rows=0, *, out=None, confi
     if not chunk:  # one pass (the workspace pointer unused, as the library's NULL)
         launch(torch.empty(1, dtype=torch.float32, device=q.device), cfg["BLOCK_N"], 0, programs)
         return y
-    n_split = triton.cdiv(t, chunk)
+    n_split = split_chunks(t, chunk)
     ws = torch.empty(workspace_floats(programs, n_split, cfg["BLOCK_M"], cfg["BLOCK_D"]), dtype=torch.float32,
                      device=q.device)
     if cfg.get("FUSED_MERGE") and programs <= MERGE_COUNTERS:  # one launch: the last chunk of each row tile

@@ -257,6 +257,11 @@ def split_keys(t: int, programs: int, block_n: int, target: int, min_keys: int =
     return chunk if chunk < t else 0
 
 
+def split_chunks(t: int, chunk: int) -> int:
+    """How many chunks split_keys' `chunk` keys make of T keys (the last one partial); 1 for one pass."""
+    return -(-t // chunk) if chunk else 1
+
+
 def workspace_floats(programs: int, n_split: int, block_m: int, block_d: int) -> int:
     """fp32 workspace of a split launch: each chunk's acc [BLOCK_M, BLOCK_D], then its (m, l) per row."""
     return programs * n_split * block_m * (block_d + 2)

@@ -16,6 +16,7 @@ from ort_triton.ops.causal_attention import (
     SPLIT_MIN_KEYS,
     SPLIT_TARGET,
     block_config,
+    split_chunks,
     split_keys,
     workspace_floats,
 )
@@ -108,7 +109,7 @@ def test_plan_packs_the_group_into_rows(lib, elem_type, nq, nkv, s, t, d):
     assert arch == 90 and (gy, gz) == (1, 1)
     programs = -(-rows // cfg["BLOCK_M"]) * b * nkv
     chunk = split_keys(t, programs, cfg["BLOCK_N"], cfg["SPLIT_TARGET"])
-    chunks = -(-t // chunk) if chunk else 1
+    chunks = split_chunks(t, chunk)
     assert gx == programs * chunks
     assert parse_split(msg) == ((programs, 4 * workspace_floats(programs, chunks, cfg["BLOCK_M"], cfg["BLOCK_D"]))
                                 if chunk else None)
@@ -135,7 +136,7 @@ def test_decode_splits_the_cache_until_the_target(lib, b, nkv, t, chunks):
     assert rc == 0, msg
     cfg = block_config(64, "float16", 4, b * nkv)
     chunk = split_keys(t, b * nkv, cfg["BLOCK_N"], cfg["SPLIT_TARGET"])
-    assert (-(-t // chunk) if chunk else 1) == chunks
+    assert split_chunks(t, chunk) == chunks
     assert chunk % cfg["BLOCK_N"] == 0 and (not chunk or chunk >= SPLIT_MIN_KEYS)
     assert parse(msg)[1] == b * nkv * chunks
     assert (parse_split(msg) is None) == (chunks == 1)
@@ -152,7 +153,7 @@ def test_the_library_splits_as_the_contract(lib, b, nkv, g, t, d):
     cfg = block_config(d, "float16", g, b * nkv)
     programs = -(-g // cfg["BLOCK_M"]) * b * nkv
     chunk = split_keys(t, programs, cfg["BLOCK_N"], cfg["SPLIT_TARGET"])
-    assert parse(msg)[1] == programs * (-(-t // chunk) if chunk else 1)
+    assert parse(msg)[1] == programs * split_chunks(t, chunk)
 
 
 @pytest.mark.parametrize("elem_type", [FLOAT16, BFLOAT16])
