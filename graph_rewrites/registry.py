@@ -26,6 +26,7 @@ from . import causal_attention as causal
 from . import embed_layer_norm as eln
 from . import gelu, gemm
 from . import layer_norm as ln
+from . import linear as lin
 from . import pack_qkv as pack
 from . import padded_weight as pw
 from . import rms_norm as rms
@@ -151,6 +152,10 @@ RULES: tuple[RuleInfo, ...] = (
              "[K, N']), ends=[N]) (GPT-2's lm_head, vocab 50257)", 12,
              lambda: [pw.PaddedWeightOfTransposeRule.rule("padded_weight"),
                       pw.PaddedWeightRule.rule("padded_weight")], emits="Slice"),
+    # Last of all: every rule that reads a MatMul has run (padded_weight's padded weight is taken as padded).
+    RuleInfo("linear", "MatMul(x, W [K, N]) or MatMul(x, Transpose(C [N, K])), W or C constant -> Linear(x, W^T "
+             "or C): a GEMV of ours at one row, cuBLAS beyond", 13,
+             lambda: [lin.LinearOfTransposeRule.rule("linear"), lin.LinearRule.rule("linear")], default=False),
 )
 BY_NAME = {r.name: r for r in RULES}
 

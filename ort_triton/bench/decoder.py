@@ -455,6 +455,18 @@ class OrtTritonNoQkvCacheCudaGraph(OrtTritonNoQkvCacheStatic):
     name, cuda_graph = "ort_triton_no_qkvc_cuda_graph", True
 
 
+class OrtTritonLinearStatic(OrtTritonStatic):
+    """ort_triton_static with linear (off by default until timed): every MatMul by a constant weight as Linear, a
+    Triton GEMV at one row and cuBLAS beyond. Beside ort_triton_static (bench.ab) it measures what the rule buys.
+    Opt-in, as is its CUDA-graph twin."""
+
+    name, file_name, enable = "ort_triton_linear_static", "ort_triton_linear", ("linear",)
+
+
+class OrtTritonLinearCudaGraph(OrtTritonLinearStatic):
+    name, cuda_graph = "ort_triton_linear_cuda_graph", True
+
+
 class _TunedLibrary:
     """The same fused model with the library of a tuning table ($ORT_TRITON_TUNED_LIBRARY, built with
     `ort-triton build --tuning`): what tuning buys, beside the default library in one run (opt-in)."""
@@ -529,7 +541,8 @@ ALL = {rt.name: rt for rt in (OrtRuntime, OrtOpset23, OrtOpset23CudaGraph, Onnxs
                               TorchCompileCudaGraph, OrtTritonTuned, OrtTritonTunedCudaGraph,
                               OrtTritonUnpackedStatic, OrtTritonUnpackedCudaGraph, OrtTritonNoQkvRotaryCacheStatic,
                               OrtTritonNoQkvRotaryCacheCudaGraph, OrtTritonPaddedWeightStatic,
-                              OrtTritonPaddedWeightCudaGraph, OrtTritonNoQkvCacheStatic, OrtTritonNoQkvCacheCudaGraph)}
+                              OrtTritonPaddedWeightCudaGraph, OrtTritonNoQkvCacheStatic, OrtTritonNoQkvCacheCudaGraph,
+                              OrtTritonLinearStatic, OrtTritonLinearCudaGraph)}
 
 
 # ---- the loop -----------------------------------------------------------------------------------------

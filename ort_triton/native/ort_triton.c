@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cublas.h"
 #include "cuda_driver.h"
 #include "ot_table.h"
 #include "planner_util.h"
@@ -289,7 +290,17 @@ static OrtStatus *ORT_API_CALL kernel_compute(void *state, OrtKernelContext *con
     if (o == 0) first_output = value;
   }
   /* Empty tensors: the outputs exist (allocated above) and there is nothing to compute. */
-  if (plan.grid[0] == 0 || plan.grid[1] == 0 || plan.grid[2] == 0) return NULL;
+  if (!plan.gemm.m && (plan.grid[0] == 0 || plan.grid[1] == 0 || plan.grid[2] == 0)) return NULL;
+  if (plan.gemm.m) { /* cuBLAS runs the node, on ORT's handle for this stream */
+    void *handle = NULL;
+    TRY(api->KernelContext_GetResource(context, OT_ORT_CUDA_RESOURCE_VERSION, OT_ORT_CUBLAS_HANDLE, &handle),
+        "getting ORT's cuBLAS handle");
+    if (!handle) return op_status(api, ORT_FAIL, op, "ORT gave no cuBLAS handle for this node's stream");
+    if (ot_cublas_gemm(handle, stream, op->type, &plan.gemm, ptrs, err, sizeof err))
+      return op_status(api, ORT_FAIL, op, err);
+    atomic_fetch_add_explicit(&launches, 1, memory_order_relaxed);
+    return NULL;
+  }
   /* The build compiles every kernel with Triton's divisible-by-16 hint on its pointers (for vector
    * loads); ORT's allocations satisfy it, but a misaligned tensor would fault, so refuse it here. */
   for (int i = 0; i < op->n_inputs + k->n_outputs; i++) {
@@ -528,6 +539,15 @@ static const ot_op *find_op(const char *name, int elem_type, char *msg, size_t m
   return NULL;
 }
 
+/* " out<i>=<shape>" for each output, the shapes the node will get, after the `used` bytes of msg. */
+static void append_outputs(const ot_plan *plan, int n_outputs, int used, char *msg, size_t msg_len) {
+  for (int i = 0; i < n_outputs && used > 0 && (size_t)used < msg_len; i++) {
+    char shape[160];
+    used += snprintf(msg + used, msg_len - (size_t)used, " out%d=%s", i,
+                     ot_shape_text(&plan->outputs[i], shape, sizeof shape));
+  }
+}
+
 /* Plans a node as compute would and picks the image for arch. present[] and ranks[] have n_inputs
  * entries (ranks of absent inputs are ignored); dims_flat concatenates the dims of the present
  * inputs; types[] (NULL: every input of the type the op declares there, elem_type but for inputs of a
@@ -567,6 +587,19 @@ static int plan_hook(const char *op_name, int elem_type, int arch, int n_inputs,
     prefix_message(op, err, msg, msg_len);
     return ORT_INVALID_ARGUMENT;
   }
+  if (plan.gemm.m) { /* cuBLAS, no kernel of ours */
+    const ot_gemm *g = &plan.gemm;
+    int used = snprintf(msg, msg_len, "kernel=cublasGemmEx m=%lld n=%lld k=%lld trans=%d%d ld=%lld,%lld,%lld",
+                        (long long)g->m, (long long)g->n, (long long)g->k, g->trans_a, g->trans_b, (long long)g->lda,
+                        (long long)g->ldb, (long long)g->ldc);
+    append_outputs(&plan, n_outputs, used, msg, msg_len);
+    return 0;
+  }
+  if (!plan.spec) { /* nothing to run (an empty output) */
+    int used = snprintf(msg, msg_len, "kernel=none grid=%u,%u,%u", plan.grid[0], plan.grid[1], plan.grid[2]);
+    append_outputs(&plan, n_outputs, used, msg, msg_len);
+    return 0;
+  }
   const ot_image *image = ot_pick_image(plan.spec, arch, err, sizeof err);
   if (!image) {
     prefix_message(op, err, msg, msg_len);
@@ -583,11 +616,7 @@ static int plan_hook(const char *op_name, int elem_type, int arch, int n_inputs,
   const size_t triton_scratch = triton_scratch_bytes(&plan);
   if (triton_scratch && used > 0 && (size_t)used < msg_len)
     used += snprintf(msg + used, msg_len - (size_t)used, " triton_scratch=%zu", triton_scratch);
-  for (int i = 0; i < n_outputs && used > 0 && (size_t)used < msg_len; i++) { /* the shapes the node will get */
-    char shape[160];
-    used += snprintf(msg + used, msg_len - (size_t)used, " out%d=%s", i,
-                     ot_shape_text(&plan.outputs[i], shape, sizeof shape));
-  }
+  append_outputs(&plan, n_outputs, used, msg, msg_len);
   return 0;
 }
 

@@ -77,6 +77,16 @@ typedef struct {
   int64_t dims[8];
 } ot_desc;
 
+/* A GEMM a plan hands to cuBLAS instead of a kernel of ours (Linear beyond one row: cuBLAS is the
+ * library's GEMM, Triton's GEMV its one-row kernel). Column-major, as cublasGemmEx takes it:
+ * C[m, n] = op(A)[m, k] op(B)[k, n], A, B and C the pointers at ptrs[a], ptrs[b], ptrs[c] (inputs then
+ * outputs), op the transpose when trans_a / trans_b; fp32 accumulation. m == 0: no GEMM. */
+typedef struct {
+  int64_t m, n, k, lda, ldb, ldc;
+  int trans_a, trans_b;
+  int a, b, c;
+} ot_gemm;
+
 /* What a planner decides: which specialisation, which grid, the output shapes. `arch` is the one input:
  * the GPU the plan is for (10 * major + minor; 0 for any), set by the caller, read by ot_find_spec.
  * A plan may launch its kernel twice (a split and its merge: CausalAttention's decode), the second time on
@@ -97,6 +107,7 @@ typedef struct {
    * (CausalAttention's fused merge); 0: none. At most OT_MERGE_COUNTERS. */
   size_t merge_counters;
   void *counters;               /* set by compute: those counters, the plan then one launch on grid; else NULL */
+  ot_gemm gemm;                 /* gemm.m > 0: cuBLAS runs the node (spec NULL, no kernel of ours) */
 } ot_plan;
 
 /* Merge counters a node keeps per CUDA stream (ops/causal_attention.py MERGE_COUNTERS, the same number). */

@@ -8,6 +8,7 @@ from .bias_gelu import BIAS_GELU, BIAS_GELU_TANH
 from .causal_attention import CAUSAL_ATTENTION
 from .embed_layer_norm import EMBED_LAYER_NORM
 from .layer_norm import ADD_LAYER_NORM, LAYER_NORM
+from .linear import LINEAR
 from .packed_attention import PACKED_MULTI_HEAD_ATTENTION
 from .qkv_cache import QKV_CACHE
 from .qkv_rotary_cache import QKV_ROTARY_CACHE
@@ -24,4 +25,5 @@ ALL_OPS += (EMBED_LAYER_NORM,)
 ALL_OPS += (TRANSPOSE_ROTARY,)
 ALL_OPS += (QKV_ROTARY_CACHE,)
 ALL_OPS += (QKV_CACHE,)
+ALL_OPS += (LINEAR,)
 BY_NAME: dict[str, OpContract] = {op.name: op for op in ALL_OPS}

@@ -1,0 +1,184 @@
+"""Linear (ort_triton/ops/linear.py): the one-row GEMV against the float64 reference under the interpreter on CPU
+(poisoned outputs; K a multiple of BLOCK_K and not, N not a multiple of BLOCK_N), the function body at every
+opset, the native planner (GEMV at one row, cuBLAS beyond, the refusals), and on the GPU both paths through ORT's
+CUDA EP, CUDA-graph capture included."""
+
+import os
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+from ort_triton.contract import DOMAIN
+from ort_triton.kernels.gemv import gemv
+from ort_triton.ops.linear import CONFIGS, LINEAR, MASKED_BLOCK_K, reference_linear
+from tests.native_hooks import FLOAT, FLOAT16, load, plan_attrs, plan_fields
+
+DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}
+
+
+def _err(got, want):
+    return np.abs(got - want).max() / np.abs(want).max()
+
+
+@pytest.mark.parametrize("dtype", list(TOL))
+@pytest.mark.parametrize("n, k, block_n, block_k", [(1, 1, 1, 16), (5, 37, 2, 16), (9, 64, 4, 32), (3, 64, 8, 64),
+                                                    (17, 100, 2, 32), (6, 96, 4, 32), (33, 2048, 2, 1024)], ids=str)
+def test_gemv_matches_reference(dtype, n, k, block_n, block_k):
+    gen = torch.Generator().manual_seed(n * 1000 + k)
+    x = torch.randn(1, k, generator=gen, dtype=torch.float64).to(dtype).to(DEVICE)
+    wt = torch.randn(n, k, generator=gen, dtype=torch.float64).to(dtype).to(DEVICE)
+    y = torch.full((n,), float("nan"), dtype=dtype, device=DEVICE)
+    gemv(x, wt, y, block_n=block_n, block_k=block_k)
+    (want,) = reference_linear(x.double().cpu().numpy(), wt.double().cpu().numpy())
+    got = y.double().cpu().numpy()
+    assert np.isfinite(got).all(), "unwritten outputs"
+    assert _err(got, want.reshape(-1)) < TOL[dtype]
+
+
+def test_gemv_rejects_a_mismatched_row():
+    with pytest.raises(ValueError, match="elements"):
+        gemv(torch.zeros(1, 8, device=DEVICE), torch.zeros(4, 9, device=DEVICE))
+
+
+@pytest.mark.parametrize("opset", [15, 17, 20, 23])
+def test_body_equals_reference(opset):
+    rng = np.random.default_rng(opset)
+    x, wt = rng.normal(size=(2, 3, 24)).astype(np.float32), rng.normal(size=(40, 24)).astype(np.float32)
+    node = helper.make_node("Linear", ["x", "wt"], ["y"], domain=DOMAIN)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (2, 3, 40))],
+                              [onnx.numpy_helper.from_array(wt, "wt")])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(DOMAIN, 1)],
+                          functions=[LINEAR.function_proto(opset)], ir_version=10)
+    onnx.checker.check_model(m, full_check=True)
+    (y,) = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert _err(y, reference_linear(x, wt)[0]) < 1e-6
+
+
+# ---- the native planner (ort_triton/native/linear.c), no GPU needed --------------------------------------------
+
+@pytest.fixture
+def lib(native_library):
+    return load(native_library)
+
+
+@pytest.mark.parametrize("x, n", [((1, 1, 2048), 2048), ((1, 768), 3072), ((2048,), 8), ((1, 1, 100), 7),
+                                  ((1, 3072), 768)])
+def test_one_row_runs_the_gemv(lib, x, n):
+    f = plan_fields(lib, "Linear", [x, (n, x[-1])], 1, [])
+    k = x[-1]
+    spec = LINEAR.specializations("float16")[int(f["spec"])]
+    block_n, block_k = spec.consts
+    assert f["kernel"].startswith("gemv_fwd")
+    assert int(f["grid"].split(",")[0]) == -(-n // block_n)
+    # unmasked only where BLOCK_K divides K, else the masked spec of the same ranges
+    unmasked = [c[3] for c in CONFIGS if c[0][0] <= k <= c[0][1] and c[1][0] <= n <= c[1][1]][0]
+    assert spec.constexprs["EVEN_K"] == int(k % unmasked == 0)
+    assert block_k == (unmasked if k % unmasked == 0 else MASKED_BLOCK_K)
+    assert f["out0"] == "[" + ",".join(map(str, (*x[:-1], n))) + "]"
+
+
+@pytest.mark.parametrize("x, n", [((1, 2, 2048), 3072), ((16, 1, 64), 8), ((3, 5, 7), 9),
+                                  # one row by a weight no GEMV spec serves (Llama-1B's qkv, lm_head, down)
+                                  ((1, 1, 2048), 3072), ((1, 2048), 32000), ((1, 8192), 2048)])
+def test_more_rows_run_cublas(lib, x, n):
+    f = plan_fields(lib, "Linear", [x, (n, x[-1])], 1, [])
+    rows = int(np.prod(x[:-1]))
+    # column-major Y^T [N, rows] = WT^T... : the TN GEMM over the weight as stored
+    assert (f["kernel"], f["m"], f["n"], f["k"], f["trans"], f["ld"]) == (
+        "cublasGemmEx", str(n), str(rows), str(x[-1]), "10", f"{x[-1]},{x[-1]},{n}")
+    assert f["out0"] == "[" + ",".join(map(str, (*x[:-1], n))) + "]"
+
+
+def test_empty_rows_plan_no_work(lib):
+    f = plan_fields(lib, "Linear", [(0, 5, 64), (8, 64)], 1, [])
+    assert f["grid"].split(",")[0] == "0" and f["out0"] == "[0,5,8]"
+
+
+@pytest.mark.parametrize("shapes, match", [
+    ([(1, 64), (8, 63)], r"input WT has shape \[8,63\] and input X has shape \[1,64\]; WT must be \[N, K\] "
+                         r"with K = 64"),
+    ([(1, 64), (8, 4, 64)], r"WT.*rank"),
+    ([(1, 0), (8, 0)], "H must be 1.."),
+])
+def test_plan_refusals_name_the_input(lib, shapes, match):
+    rc, msg = plan_attrs(lib, "Linear", shapes, 1, [])
+    assert rc != 0 and "Linear" in msg and __import__("re").search(match, msg), msg
+
+
+def test_every_config_range_is_served(lib):
+    """CONFIGS' first fit: the specs' key ranges as built, unmasked ones first."""
+    specs = LINEAR.specializations("float16")
+    assert len(specs) == 2 * len(CONFIGS)
+    assert [s.constexprs["EVEN_K"] for s in specs] == [1] * len(CONFIGS) + [0] * len(CONFIGS)
+
+
+# ---- on the GPU, through ORT's CUDA EP -----------------------------------------------------------------------
+
+def _typed_model(x_shape, n, type_name, wt):
+    t = {"float": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}[type_name]
+    nodes = [helper.make_node("Cast", ["x32"], ["x"], to=t), helper.make_node("Cast", ["wt32"], ["wt"], to=t),
+             helper.make_node("Linear", ["x", "wt"], ["y"], domain=DOMAIN),
+             helper.make_node("Cast", ["y"], ["y32"], to=TensorProto.FLOAT)]
+    graph = helper.make_graph(nodes, "linear", [helper.make_tensor_value_info("x32", TensorProto.FLOAT, x_shape)],
+                              [helper.make_tensor_value_info("y32", TensorProto.FLOAT, (*x_shape[:-1], n))],
+                              [onnx.numpy_helper.from_array(wt, "wt32")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)],
+                             functions=[LINEAR.function_proto(17)], ir_version=10)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("type_name, torch_dtype", [("float", torch.float32), ("float16", torch.float16),
+                                                    ("bfloat16", torch.bfloat16)])
+@pytest.mark.parametrize("x_shape, n", [((1, 1, 2048), 3072), ((1, 8192), 2048), ((1, 1, 100), 37), ((1, 768), 50264),
+                                        ((2, 1, 2048), 2048), ((4, 7, 96), 33), ((1, 1), 1)], ids=str)
+def test_cuda_ep_runs_linear(gpu_library, x_shape, n, type_name, torch_dtype):
+    """One row runs the GEMV, more rows cuBLAS on ORT's handle; each counts as one run of ours."""
+    from ort_triton.runtime import launch_count, make_session
+
+    rng = np.random.default_rng(n + x_shape[-1])
+    to = lambda a: torch.from_numpy(a).to(torch_dtype).float().numpy()  # noqa: E731  (the values the op sees)
+    x = to(rng.normal(size=x_shape).astype(np.float32))
+    wt = to((rng.normal(size=(n, x_shape[-1])) / np.sqrt(x_shape[-1])).astype(np.float32))
+    sess = make_session(_typed_model(x_shape, n, type_name, wt), providers=["CUDAExecutionProvider"],
+                        library=gpu_library)
+    before = launch_count(gpu_library)
+    (y,) = sess.run(None, {"x32": x})
+    assert launch_count(gpu_library) == before + 1, "Linear did not run through the library"
+    assert _err(y, reference_linear(x, wt)[0]) < TOL[torch_dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 3])
+def test_cuda_graph_captures_both_paths(gpu_library, rows):
+    """ORT's CUDA graph captures the GEMV and the cuBLAS GEMM alike, and replays give fresh inputs' results."""
+    from ort_triton.runtime import make_session
+
+    rng = np.random.default_rng(rows)
+    k, n = 256, 96
+    wt = (rng.normal(size=(n, k)) / 16).astype(np.float32)
+    model = _typed_model((rows, k), n, "float16", wt)
+    so = ort.SessionOptions()
+    sess = make_session(model, providers=[("CUDAExecutionProvider", {"enable_cuda_graph": "1"})],
+                        session_options=so, library=gpu_library)
+    x_dev = ort.OrtValue.ortvalue_from_numpy(np.zeros((rows, k), np.float32), "cuda", 0)
+    y_dev = ort.OrtValue.ortvalue_from_shape_and_type((rows, n), np.float32, "cuda", 0)
+    binding = sess.io_binding()
+    binding.bind_ortvalue_input("x32", x_dev)
+    binding.bind_ortvalue_output("y32", y_dev)
+    for step in range(3):  # the first run captures, the others replay
+        x = torch.from_numpy(rng.normal(size=(rows, k)).astype(np.float32)).half().float().numpy()
+        x_dev.update_inplace(x)
+        sess.run_with_iobinding(binding)
+        want = reference_linear(x, torch.from_numpy(wt).half().float().numpy())[0]
+        assert _err(y_dev.numpy(), want) < 1e-2, step
+
+
+def test_fp32_plan(lib):
+    assert plan_fields(lib, "Linear", [(1, 64), (8, 64)], 1, [], elem_type=FLOAT)["kernel"].startswith("gemv_fwd")
+    assert plan_fields(lib, "Linear", [(2, 64), (8, 64)], 1, [], elem_type=FLOAT16)["kernel"] == "cublasGemmEx"
