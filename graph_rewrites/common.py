@@ -43,3 +43,9 @@ def check_zero_bias_to_fold(result, zero: ir.Value, bias: ir.Value, x: ir.Value)
     if bias.shape is None or list(bias.shape) != list(zero.shape) or bias.dtype != x.dtype:
         return result.fail(f"the Add's other operand is {bias.dtype} {bias.shape}, not a [{zero.shape}] bias", bias)
     return result
+
+
+def static_2d(v: ir.Value) -> tuple[int, int] | None:
+    """v's dims when its shape is known, 2-D and static (a MatMul's constant weight); else None."""
+    s = v.shape
+    return (s[0], s[1]) if s is not None and s.rank() == 2 and all(isinstance(d, int) for d in s) else None

@@ -25,14 +25,10 @@ from onnxscript.rewriter import pattern
 
 from ort_triton.ops.linear import LINEAR
 
-from .common import NOT_A_CANDIDATE, fresh_name
+from .common import NOT_A_CANDIDATE, fresh_name, static_2d
 
 _TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
 
-
-def _static_2d(v: ir.Value) -> tuple[int, int] | None:
-    s = v.shape
-    return (s[0], s[1]) if s is not None and s.rank() == 2 and all(isinstance(d, int) for d in s) else None
 
 
 def _check(result: pattern.MatchResult, x: ir.Value, k: int, constant: ir.Value, read: ir.Value,
@@ -68,10 +64,10 @@ class LinearRule(pattern.RewriteRuleClassBase):
         return op.MatMul(x, w, _outputs=["out"])
 
     def check(self, context, x, w, **_):
-        if _static_2d(w) is None:  # a batched MatMul (attention's), or an unknown shape
+        if static_2d(w) is None:  # a batched MatMul (attention's), or an unknown shape
             return pattern.MatchResult().fail(NOT_A_CANDIDATE + f"the weight's shape {w.shape} is not a static "
                                               "2-D one", w)
-        return _check(pattern.MatchResult(), x, _static_2d(w)[0], w, w, copied=True)
+        return _check(pattern.MatchResult(), x, static_2d(w)[0], w, w, copied=True)
 
     def rewrite(self, op, x, w, out, **_):
         graph = x.graph or out.graph
@@ -92,11 +88,11 @@ class LinearOfTransposeRule(pattern.RewriteRuleClassBase):
         if perm is not None and list(perm.as_ints()) != [1, 0]:
             return result.fail(NOT_A_CANDIDATE + f"the Transpose's perm is {list(perm.as_ints())}, not [1, 0]",
                                w.producer())  # attention's K^T
-        if _static_2d(c) is None:
+        if static_2d(c) is None:
             return result.fail(NOT_A_CANDIDATE + f"the transposed weight's shape {c.shape} is not a static 2-D "
                                "one", c)
         # C itself may be read elsewhere (a tied embedding's Gather): Linear reads it as it is, no copy
-        return _check(result, x, _static_2d(c)[1], c, w, copied=False)
+        return _check(result, x, static_2d(c)[1], c, w, copied=False)
 
     def rewrite(self, op, x, c, out, **_):
-        return _linear(op, x, c, _static_2d(c)[0], out)
+        return _linear(op, x, c, static_2d(c)[0], out)

@@ -30,7 +30,7 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from .common import NOT_A_CANDIDATE, fresh_name
+from .common import NOT_A_CANDIDATE, fresh_name, static_2d
 
 _TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
 _ALIGN = 16  # bytes: the vector loads cuBLAS's aligned kernels need at the start of every row
@@ -42,10 +42,6 @@ _ELEMS = _ALIGN // 2
 # (a classifier's 2 or 3 labels); GPT-2's lm_head is 50257 wide.
 MIN_N = 4096
 
-
-def _static_2d(v: ir.Value) -> tuple[int, int] | None:
-    s = v.shape
-    return (s[0], s[1]) if s is not None and s.rank() == 2 and all(isinstance(d, int) for d in s) else None
 
 
 def _check(result: pattern.MatchResult, x: ir.Value, k: int, n: int, weight: ir.Value, read: ir.Value):
@@ -97,7 +93,7 @@ class PaddedWeightRule(pattern.RewriteRuleClassBase):
         return op.MatMul(x, w, _outputs=["out"])
 
     def check(self, context, x, w, **_):
-        dims = _static_2d(w)
+        dims = static_2d(w)
         if dims is None:  # a batched MatMul (attention's), or an unknown shape
             return pattern.MatchResult().fail(NOT_A_CANDIDATE + f"the weight's shape {w.shape} is not a static "
                                               "2-D one", w)
@@ -120,7 +116,7 @@ class PaddedWeightOfTransposeRule(pattern.RewriteRuleClassBase):
         if perm is not None and list(perm.as_ints()) != [1, 0]:
             return result.fail(NOT_A_CANDIDATE + f"the Transpose's perm is {list(perm.as_ints())}, not [1, 0]",
                                w.producer())  # attention's K^T
-        dims = _static_2d(c)
+        dims = static_2d(c)
         if dims is None:
             return result.fail(NOT_A_CANDIDATE + f"the transposed weight's shape {c.shape} is not a static 2-D "
                                "one", c)
