@@ -106,7 +106,7 @@ def test_a_transposed_graph_input_is_read_as_it_is():
     np.testing.assert_allclose(_run(out, feeds)[0], _run(model, feeds)[0], rtol=1e-5, atol=1e-5)
 
 
-def test_off_by_default_until_timed():
+def test_off_by_default():
     assert "linear" not in graph_rewrites.optimize(_model(24, 40), report=True)[1].rules
     out, rep = graph_rewrites.optimize(_model(24, 40), report=True, enable=RULE)
     assert rep.rules["linear"].matched == 1
