@@ -28,10 +28,9 @@ from onnxscript.rewriter import _ir_utils, pattern
 from ort_triton.contract import DOMAIN
 from ort_triton.ops.attention import HEAD_DIMS, MULTI_HEAD_ATTENTION
 
-from .common import check_zero_bias_to_fold, zero_vector
+from .common import FLOAT_TYPES, check_zero_bias_to_fold, zero_vector
 from .mask import DROPS, KeyPadding, MaskProver
 
-_TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
 _HEADS = [0, 2, 1, 3]  # [B, S, N, D] <-> [B, N, S, D]
 _CAPTIVE_DEPTH = 6  # how far a reader of a matched value may be from the match and still die with it
 
@@ -178,7 +177,7 @@ class _AttentionRule(pattern.RewriteRuleClassBase):
     @staticmethod
     def _kernel_takes(result, q: ir.Value, qkv, heads: set) -> tuple[int, int] | pattern.MatchResult:
         """The one (N, D) of `heads`, if the kernel takes it and the element type of Q, K and V."""
-        if q.dtype not in _TYPES:
+        if q.dtype not in FLOAT_TYPES:
             return result.fail(f"element type {q.dtype} is not one of float, float16, bfloat16"
                                if q.dtype else "element type of Q is unknown (run shape inference)", q)
         for x in qkv:

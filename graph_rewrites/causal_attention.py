@@ -40,9 +40,9 @@ from ort_triton.ops.causal_attention import CAUSAL_ATTENTION
 
 from .attention import _escaping, _scalar, _score_scale
 from .causal_mask import CausalMaskProver, CausalPadding, SymbolicShapes, same
+from .common import FLOAT_TYPES
 from .mask import DROPS
 
-_TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
 _HEADS = [0, 2, 1, 3]
 # A finite fill at or below this swamps any score: s + fill rounds to fill (fp32/bf16 finfo.min), so a row
 # that sees no key is uniform over all T keys in the original (masked_rows = 1)
@@ -93,7 +93,7 @@ class _CausalRule(pattern.RewriteRuleClassBase):
         """(Q's, K's and the output's symbolic dims) once Q [B, Nq, S, D], K and V [B, Nkv, T, D] (K maybe
         [B, T, Nkv, D], transposed into the scores), each repeat_kv proven, the context kept [B, Nq, S, D]
         and the output [B, S, Nq*D] (or [B*S, Nq*D]); else a failed result."""
-        if q.dtype not in _TYPES:
+        if q.dtype not in FLOAT_TYPES:
             return result.fail(f"element type {q.dtype} is not one of float, float16, bfloat16"
                                if q.dtype else "element type of Q is unknown", q)
         k_in = k if k is not None else k_bsnd

@@ -10,6 +10,9 @@ import onnx_ir as ir
 # defect). The registry's tracer neither counts it as tried nor lists it among the refusals `optimize -v` prints.
 NOT_A_CANDIDATE = "not a candidate: "
 
+# The element types our ops take (every contract lists these three).
+FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
+
 
 def same_dim(a, b) -> bool:
     """Provably equal dims: the same number, or the same named symbol (onnx_ir calls two unknown dims equal,

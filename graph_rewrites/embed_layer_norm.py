@@ -22,9 +22,7 @@ from onnxscript.rewriter import pattern
 from ort_triton.contract import DOMAIN
 from ort_triton.ops.embed_layer_norm import EMBED_LAYER_NORM, MAX_HIDDEN
 
-from .common import fresh_name
-
-_TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
+from .common import FLOAT_TYPES, fresh_name
 
 
 def _check_lookup(result: pattern.MatchResult, gather: ir.Node, hidden: int, dtype):
@@ -72,7 +70,7 @@ class EmbedLayerNormRule(pattern.RewriteRuleClassBase):
             return result.fail(f"gamma must be 1-D of static size, its shape is {g}", gamma)
         if not 1 <= g[0] <= MAX_HIDDEN:
             return result.fail(f"hidden size {g[0]} is outside 1..{MAX_HIDDEN}, the kernel's range", gamma)
-        if gamma.dtype not in _TYPES:
+        if gamma.dtype not in FLOAT_TYPES:
             return result.fail(f"element type {gamma.dtype} is not one of float, float16, bfloat16", gamma)
         pairs = [(t0, i0), (t2, i2)] + ([(t1, i1)] if self.tables == 3 else [])
         if len({id(t) for t, _ in pairs}) != len(pairs):

@@ -16,14 +16,12 @@ from onnxscript.rewriter import _ir_utils, pattern
 from ort_triton.contract import DOMAIN
 from ort_triton.ops.bias_gelu import BIAS_GELU, BIAS_GELU_TANH
 
-from .common import check_zero_bias_to_fold, zero_vector
-
-_TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
+from .common import FLOAT_TYPES, check_zero_bias_to_fold, zero_vector
 
 
 def _hidden(result: pattern.MatchResult, s: ir.Value):
     """H, the static last dim of s, or a failed MatchResult."""
-    if s.dtype not in _TYPES:
+    if s.dtype not in FLOAT_TYPES:
         return result.fail(f"element type {s.dtype} is not one of float, float16, bfloat16", s)
     if s.shape is None or s.shape.rank() < 1 or not isinstance(s.shape[-1], int):
         return result.fail(f"the last dimension of the input is not static (shape {s.shape})", s)

@@ -15,14 +15,12 @@ from onnxscript.rewriter import _ir_utils, pattern
 from ort_triton.contract import DOMAIN
 from ort_triton.ops.layer_norm import ADD_LAYER_NORM, LAYER_NORM, MAX_HIDDEN
 
-from .common import check_zero_bias_to_fold, same_dim, zero_vector
-
-_TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
+from .common import FLOAT_TYPES, check_zero_bias_to_fold, same_dim, zero_vector
 
 
 def _check_hidden(result: pattern.MatchResult, x: ir.Value, gamma: ir.Value, beta: ir.Value | None):
     """The hidden size H (last dim of x) as an int, or a failed MatchResult saying why not."""
-    if x.dtype not in _TYPES:
+    if x.dtype not in FLOAT_TYPES:
         return result.fail(f"element type {x.dtype} is not one of float, float16, bfloat16"
                            if x.dtype else "element type of the input is unknown (run shape inference)", x)
     for name, v in (("gamma", gamma), ("beta", beta)):

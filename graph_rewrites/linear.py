@@ -25,10 +25,7 @@ from onnxscript.rewriter import pattern
 
 from ort_triton.ops.linear import LINEAR
 
-from .common import NOT_A_CANDIDATE, fresh_name, static_2d
-
-_TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
-
+from .common import FLOAT_TYPES, NOT_A_CANDIDATE, fresh_name, static_2d
 
 
 def _check(result: pattern.MatchResult, x: ir.Value, k: int, constant: ir.Value, read: ir.Value,
@@ -37,20 +34,20 @@ def _check(result: pattern.MatchResult, x: ir.Value, k: int, constant: ir.Value,
     MatMul reads; copied: whether the rewrite stores a transposed copy of the constant."""
     if ir.convenience.get_const_tensor(constant) is None:  # activations x activations (attention's products)
         return result.fail(NOT_A_CANDIDATE + "the weight is computed", constant)
-    if x.dtype not in _TYPES:
+    if x.dtype not in FLOAT_TYPES:
         return result.fail(f"element type {x.dtype} is not one of float, float16, bfloat16", x)
     if constant.dtype != x.dtype:
         return result.fail(f"the weight is {constant.dtype} but the input is {x.dtype}", constant)
     if read.is_graph_output() or len(read.uses()) > 1 or (copied and constant.is_graph_input()):
         return result.fail("the weight is read elsewhere too: storing it transposed would copy it", read)
-    if x.shape is not None and x.shape.rank() >= 1 and isinstance(x.shape[-1], int) and x.shape[-1] != k:
-        return result.fail(f"the input's last dim {x.shape[-1]} is not the weight's K={k}", x)
     if x.shape is None or x.shape.rank() < 1:
         return result.fail(f"the input's shape {x.shape} is not known to have rank 1 or more", x)
+    if isinstance(x.shape[-1], int) and x.shape[-1] != k:
+        return result.fail(f"the input's last dim {x.shape[-1]} is not the weight's K={k}", x)
     return result
 
 
-def _linear(op, x: ir.Value, wt: ir.Value, n: int, out: ir.Value) -> ir.Value:
+def _linear(op, x: ir.Value, wt: ir.Value, n: int) -> ir.Value:
     y = LINEAR.node(op, x, wt)
     y.dtype = x.dtype
     y.shape = ir.Shape([*list(x.shape)[:-1], n])
@@ -73,7 +70,7 @@ class LinearRule(pattern.RewriteRuleClassBase):
         graph = x.graph or out.graph
         data = np.ascontiguousarray(ir.convenience.get_const_tensor(w).numpy().T)
         wt = op.initializer(ir.tensor(data, name=fresh_name(graph, f"{w.name}__ot_t")))
-        return _linear(op, x, wt, data.shape[0], out)
+        return _linear(op, x, wt, data.shape[0])
 
 
 class LinearOfTransposeRule(pattern.RewriteRuleClassBase):
@@ -94,5 +91,5 @@ class LinearOfTransposeRule(pattern.RewriteRuleClassBase):
         # C itself may be read elsewhere (a tied embedding's Gather): Linear reads it as it is, no copy
         return _check(result, x, static_2d(c)[1], c, w, copied=False)
 
-    def rewrite(self, op, x, c, out, **_):
-        return _linear(op, x, c, static_2d(c)[0], out)
+    def rewrite(self, op, x, c, **_):
+        return _linear(op, x, c, static_2d(c)[0])

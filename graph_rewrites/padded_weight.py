@@ -30,9 +30,8 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from .common import NOT_A_CANDIDATE, fresh_name, static_2d
+from .common import FLOAT_TYPES, NOT_A_CANDIDATE, fresh_name, static_2d
 
-_TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
 _ALIGN = 16  # bytes: the vector loads cuBLAS's aligned kernels need at the start of every row
 # N is padded to a multiple of 16 bytes of a 2-byte type: aligned in fp16 and bf16, and in an fp32 model too,
 # before and after `ort-triton optimize --float16` converts it (a multiple of 4 elements would be unaligned
@@ -43,12 +42,11 @@ _ELEMS = _ALIGN // 2
 MIN_N = 4096
 
 
-
 def _check(result: pattern.MatchResult, x: ir.Value, k: int, n: int, weight: ir.Value, read: ir.Value):
     """k, n: the weight as [K, N]; weight: the constant to pad; read: the value the MatMul reads (the weight
     itself or its Transpose, whose C may be read elsewhere: ORT would fold C^T into a copy anyway).
     Returns (result, padded N)."""
-    if x.dtype not in _TYPES:
+    if x.dtype not in FLOAT_TYPES:
         return result.fail(f"element type {x.dtype} is not one of float, float16, bfloat16", x), None
     if ir.convenience.get_const_tensor(weight) is None:  # activations x activations (attention's products)
         return result.fail(NOT_A_CANDIDATE + "the weight is computed: padding it would cost a Pad every run",

@@ -57,10 +57,9 @@ from ort_triton.contract import DOMAIN
 from ort_triton.ops.qkv_cache import QKV_CACHE
 from ort_triton.ops.qkv_rotary_cache import QKV_ROTARY_CACHE
 
-from .common import same_dim, zero_vector
+from .common import FLOAT_TYPES, same_dim, zero_vector
 
 NAME = "qkv_rotary_cache"
-_TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
 # ops whose two nodes over the same inputs may differ: never proof that two cos values are equal
 _RANDOM = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli",
            "Dropout"}
@@ -307,7 +306,7 @@ def _check(split: ir.Node, paths: dict[str, _Path]) -> str | dict:
         return bad_perm
     cos, sin = q.head.inputs[1], q.head.inputs[2]
     types = {x.name: x.dtype for x in (q.part, cos, sin, past_key, past_value)}  # q.part: QKV's type
-    if len(set(types.values())) != 1 or q.part.dtype not in _TYPES:
+    if len(set(types.values())) != 1 or q.part.dtype not in FLOAT_TYPES:
         return f"the element types differ or are not float, float16, bfloat16: {types}"
     return dict(inputs=(split.inputs[0], cos, sin, past_key, past_value), attrs=attrs[0], dead=shape_nodes)
 
@@ -443,7 +442,7 @@ def _check_plain(split: ir.Node, paths: dict[str, _Path]) -> str | dict:
         return found
     shape_nodes, past_key, past_value = found
     types = {x.name: x.dtype for x in (q.part, past_key, past_value)}  # q.part: QKV's type
-    if len(set(types.values())) != 1 or q.part.dtype not in _TYPES:
+    if len(set(types.values())) != 1 or q.part.dtype not in FLOAT_TYPES:
         return f"the element types differ or are not float, float16, bfloat16: {types}"
     x, bias = _bias(split.inputs[0], sum(sizes))
     dead = shape_nodes + ([split.inputs[0].producer()] if bias is not None else [])

@@ -25,12 +25,12 @@ from onnxscript.rewriter import _ir_utils, pattern
 from ort_triton.contract import DOMAIN
 from ort_triton.ops.rms_norm import ADD_RMS_NORM, MAX_HIDDEN, RMS_NORM
 
-_TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
+from .common import FLOAT_TYPES
 
 
 def _check_hidden(result: pattern.MatchResult, x: ir.Value, gamma: ir.Value):
     """The hidden size H (the static last dim of x, which gamma must be exactly) or a failed MatchResult."""
-    if x.dtype not in _TYPES:
+    if x.dtype not in FLOAT_TYPES:
         return result.fail(f"element type {x.dtype} is not one of float, float16, bfloat16"
                            if x.dtype else "element type of the input is unknown (run shape inference)", x)
     if gamma.dtype is not None and gamma.dtype != x.dtype:

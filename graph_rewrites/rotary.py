@@ -28,7 +28,8 @@ from onnxscript.rewriter import pattern
 from ort_triton.contract import DOMAIN
 from ort_triton.ops.rotary import MAX_HEAD_DIM, ROTARY, TRANSPOSE_ROTARY
 
-_TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
+from .common import FLOAT_TYPES
+
 _INT_TYPES = {ir.DataType.INT64, ir.DataType.INT32, ir.DataType.INT16, ir.DataType.INT8, ir.DataType.UINT8,
               ir.DataType.UINT16, ir.DataType.UINT32, ir.DataType.UINT64}
 _KEEP_VALUES = ("Identity", "Squeeze", "Unsqueeze", "Reshape", "Flatten")  # reshape, same values in order
@@ -141,7 +142,7 @@ def _check_cos_sin(result, x: ir.Value, cos: ir.Value, sin: ir.Value, width: int
 
 def _check_x(result, x: ir.Value):
     """x [B, N, S, D] of a kernel type with a static D <= MAX_HEAD_DIM: D, or a failed MatchResult."""
-    if x.dtype not in _TYPES:
+    if x.dtype not in FLOAT_TYPES:
         return result.fail(f"element type {x.dtype} is not one of float, float16, bfloat16", x)
     if x.shape is None or x.shape.rank() != 4:
         return result.fail(f"x {x.name} has shape {x.shape}, not [B, N, S, D]", x)

@@ -15,13 +15,11 @@ from onnxscript.rewriter import pattern
 
 from ort_triton.ops.swiglu import SILU_MUL
 
-from .common import same_dim
-
-_TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
+from .common import FLOAT_TYPES, same_dim
 
 
 def _check_operands(result: pattern.MatchResult, gate: ir.Value, up: ir.Value) -> pattern.MatchResult:
-    if gate.dtype not in _TYPES:
+    if gate.dtype not in FLOAT_TYPES:
         return result.fail(f"element type {gate.dtype} is not one of float, float16, bfloat16", gate)
     if up.dtype != gate.dtype:
         return result.fail(f"gate is {gate.dtype} but up is {up.dtype}", up)

@@ -289,8 +289,6 @@ static OrtStatus *ORT_API_CALL kernel_compute(void *state, OrtKernelContext *con
     TRY(api->GetTensorMutableData(value, &ptrs[op->n_inputs + o]), "reading an output's data");
     if (o == 0) first_output = value;
   }
-  /* Empty tensors: the outputs exist (allocated above) and there is nothing to compute. */
-  if (!plan.gemm.m && (plan.grid[0] == 0 || plan.grid[1] == 0 || plan.grid[2] == 0)) return NULL;
   if (plan.gemm.m) { /* cuBLAS runs the node, on ORT's handle for this stream */
     void *handle = NULL;
     TRY(api->KernelContext_GetResource(context, OT_ORT_CUDA_RESOURCE_VERSION, OT_ORT_CUBLAS_HANDLE, &handle),
@@ -301,6 +299,8 @@ static OrtStatus *ORT_API_CALL kernel_compute(void *state, OrtKernelContext *con
     atomic_fetch_add_explicit(&launches, 1, memory_order_relaxed);
     return NULL;
   }
+  /* Empty tensors: the outputs exist (allocated above) and there is nothing to compute. */
+  if (plan.grid[0] == 0 || plan.grid[1] == 0 || plan.grid[2] == 0) return NULL;
   /* The build compiles every kernel with Triton's divisible-by-16 hint on its pointers (for vector
    * loads); ORT's allocations satisfy it, but a misaligned tensor would fault, so refuse it here. */
   for (int i = 0; i < op->n_inputs + k->n_outputs; i++) {
