@@ -10,7 +10,7 @@ Why it is exact: the same dot products over the same K terms, accumulated in fp3
 does (the order of the sum differs). The Transpose form needs perm [1, 0] (or none: for two dims the default
 reverses them).
 
-Last of the rules (stage 13): every rule that reads a MatMul (bias folds, attention, packing, padded_weight)
+Last of the rules (stage 14): every rule that reads a MatMul (bias folds, attention, packing, padded_weight)
 sees it as exported, and a padded weight is taken as padded (its Slice stays after the Linear). Refused: a
 weight also read elsewhere (storing it transposed would copy it), an element type other than float, float16 and
 bfloat16, x's last dim known and not K. Not candidates (common.NOT_A_CANDIDATE): a computed weight (attention's

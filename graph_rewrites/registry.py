@@ -27,6 +27,7 @@ from . import embed_layer_norm as eln
 from . import gelu, gemm
 from . import layer_norm as ln
 from . import linear as lin
+from . import norm_linear as nl
 from . import pack_qkv as pack
 from . import padded_weight as pw
 from . import rms_norm as rms
@@ -152,9 +153,18 @@ RULES: tuple[RuleInfo, ...] = (
              "[K, N']), ends=[N]) (GPT-2's lm_head, vocab 50257)", 12,
              lambda: [pw.PaddedWeightOfTransposeRule.rule("padded_weight"),
                       pw.PaddedWeightRule.rule("padded_weight")], emits="Slice"),
+    # After every rule that reads a MatMul (Q/K/V packed, padded weights padded), before linear, which would take
+    # these MatMuls. Off until its A/B on the GPU.
+    RuleInfo("add_rms_norm_linear", "MatMul(AddRMSNorm(x, skip, g), W) (or W = Transpose(C)) -> AddRMSNormLinear("
+             "x, skip, g, W^T): the norm fused into the projection's GEMV", 13,
+             lambda: [nl.AddRMSNormLinearRule.rule("add_rms_norm_linear", tied=t) for t in (True, False)],
+             default=False),
+    RuleInfo("add_rms_norm_swiglu", "SiluMul(AddRMSNorm(..) @ Wg, AddRMSNorm(..) @ Wu) -> AddRMSNormSwiGLU(x, skip, "
+             "g, Wg^T, Wu^T): the norm and SwiGLU fused into the gate and up GEMVs", 13,
+             lambda: [nl.AddRMSNormSwiGLURule.rule("add_rms_norm_swiglu")], default=False),
     # Last of all: every rule that reads a MatMul has run (padded_weight's padded weight is taken as padded).
     RuleInfo("linear", "MatMul(x, W [K, N]) or MatMul(x, Transpose(C [N, K])), W or C constant -> Linear(x, W^T "
-             "or C): a GEMV of ours at one row, cuBLAS beyond", 13,
+             "or C): a GEMV of ours at one row, cuBLAS beyond", 14,
              lambda: [lin.LinearOfTransposeRule.rule("linear"), lin.LinearRule.rule("linear")], default=False),
 )
 BY_NAME = {r.name: r for r in RULES}

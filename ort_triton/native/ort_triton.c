@@ -219,6 +219,21 @@ static OrtStatus *describe(const OrtApi *api, const ot_op *op, int index, const 
   return NULL;
 }
 
+/* The plan's GEMMs (gemm, then gemm2 where it has one) through cuBLAS on ORT's handle for this stream. */
+static OrtStatus *run_gemms(const OrtApi *api, const ot_op *op, OrtKernelContext *context, void *stream,
+                            const ot_plan *plan, void *const *ptrs) {
+  char err[OT_MSG_LEN];
+  void *handle = NULL;
+  TRY(api->KernelContext_GetResource(context, OT_ORT_CUDA_RESOURCE_VERSION, OT_ORT_CUBLAS_HANDLE, &handle),
+      "getting ORT's cuBLAS handle");
+  if (!handle) return op_status(api, ORT_FAIL, op, "ORT gave no cuBLAS handle for this node's stream");
+  const ot_gemm *gemms[2] = {&plan->gemm, &plan->gemm2};
+  for (int g = 0; g < 2; g++)
+    if (gemms[g]->m && ot_cublas_gemm(handle, stream, op->type, gemms[g], ptrs, err, sizeof err))
+      return op_status(api, ORT_FAIL, op, err);
+  return NULL;
+}
+
 /* Programs of a grid (the plan checked each axis fits). */
 static size_t grid_programs(const unsigned grid[3]) { return (size_t)grid[0] * grid[1] * grid[2]; }
 
@@ -255,7 +270,7 @@ static OrtStatus *ORT_API_CALL kernel_compute(void *state, OrtKernelContext *con
   TRY(api->KernelContext_GetGPUComputeStream(context, &stream), "getting the CUDA stream");
 
   ot_desc in[OT_MAX_IO] = {{0}};
-  void *ptrs[2 * OT_MAX_IO] = {0}; /* inputs, then outputs */
+  void *ptrs[OT_PTR_WS + OT_MAX_WS] = {0}; /* inputs, then outputs, then the plan's workspace regions */
   size_t n_given = 0;
   TRY(api->KernelContext_GetInputCount(context, &n_given), "reading the input count");
   for (int i = 0; i < op->n_inputs && (size_t)i < n_given; i++) {
@@ -289,15 +304,10 @@ static OrtStatus *ORT_API_CALL kernel_compute(void *state, OrtKernelContext *con
     TRY(api->GetTensorMutableData(value, &ptrs[op->n_inputs + o]), "reading an output's data");
     if (o == 0) first_output = value;
   }
-  if (plan.gemm.m) { /* cuBLAS runs the node, on ORT's handle for this stream */
-    void *handle = NULL;
-    TRY(api->KernelContext_GetResource(context, OT_ORT_CUDA_RESOURCE_VERSION, OT_ORT_CUBLAS_HANDLE, &handle),
-        "getting ORT's cuBLAS handle");
-    if (!handle) return op_status(api, ORT_FAIL, op, "ORT gave no cuBLAS handle for this node's stream");
-    if (ot_cublas_gemm(handle, stream, op->type, &plan.gemm, ptrs, err, sizeof err))
-      return op_status(api, ORT_FAIL, op, err);
-    atomic_fetch_add_explicit(&launches, 1, memory_order_relaxed);
-    return NULL;
+  if (plan.gemm.m && !plan.spec) { /* cuBLAS runs the node, on ORT's handle for this stream */
+    OrtStatus *status = run_gemms(api, op, context, stream, &plan, ptrs);
+    if (!status) atomic_fetch_add_explicit(&launches, 1, memory_order_relaxed);
+    return status;
   }
   /* Empty tensors: the outputs exist (allocated above) and there is nothing to compute. */
   if (plan.grid[0] == 0 || plan.grid[1] == 0 || plan.grid[2] == 0) return NULL;
@@ -347,6 +357,7 @@ static OrtStatus *ORT_API_CALL kernel_compute(void *state, OrtKernelContext *con
     }
     if (plan.scratch_bytes) plan.scratch = block;
   }
+  for (int j = 0; j < OT_MAX_WS && plan.scratch; j++) ptrs[OT_PTR_WS + j] = (char *)plan.scratch + plan.ws_offsets[j];
   void *triton_scratch = global_scratch ? (char *)block + workspace : NULL;
   OrtStatus *status = NULL;
   const int n_launches = plan.n_launches > 1 ? plan.n_launches : 1;
@@ -368,6 +379,7 @@ static OrtStatus *ORT_API_CALL kernel_compute(void *state, OrtKernelContext *con
     params[n + 1] = &scratch[1];
     if (ot_cuda_launch(plan.spec, l ? plan.grid2 : plan.grid, stream, params, err, sizeof err))
       status = op_status(api, ORT_FAIL, op, err);
+    if (!status && l == 0 && plan.gemm.m) status = run_gemms(api, op, context, stream, &plan, ptrs);
   }
   if (block) {
     OrtStatus *failed = allocator_free(api, context, device_memory, block);
@@ -548,6 +560,15 @@ static void append_outputs(const ot_plan *plan, int n_outputs, int used, char *m
   }
 }
 
+/* "cublasGemmEx m=.. n=.. k=.. trans=.. ld=..,..,.. ptrs=a,b,c" after the `used` bytes of msg; returns the new length. */
+static int append_gemm(const ot_gemm *g, int used, char *msg, size_t msg_len) {
+  if (used <= 0 || (size_t)used >= msg_len) return used;
+  return used + snprintf(msg + used, msg_len - (size_t)used,
+                         "cublasGemmEx m=%lld n=%lld k=%lld trans=%d%d ld=%lld,%lld,%lld ptrs=%d,%d,%d",
+                         (long long)g->m, (long long)g->n, (long long)g->k, g->trans_a, g->trans_b, (long long)g->lda,
+                         (long long)g->ldb, (long long)g->ldc, g->a, g->b, g->c);
+}
+
 /* Plans a node as compute would and picks the image for arch. present[] and ranks[] have n_inputs
  * entries (ranks of absent inputs are ignored); dims_flat concatenates the dims of the present
  * inputs; types[] (NULL: every input of the type the op declares there, elem_type but for inputs of a
@@ -587,11 +608,9 @@ static int plan_hook(const char *op_name, int elem_type, int arch, int n_inputs,
     prefix_message(op, err, msg, msg_len);
     return ORT_INVALID_ARGUMENT;
   }
-  if (plan.gemm.m) { /* cuBLAS, no kernel of ours */
-    const ot_gemm *g = &plan.gemm;
-    int used = snprintf(msg, msg_len, "kernel=cublasGemmEx m=%lld n=%lld k=%lld trans=%d%d ld=%lld,%lld,%lld",
-                        (long long)g->m, (long long)g->n, (long long)g->k, g->trans_a, g->trans_b, (long long)g->lda,
-                        (long long)g->ldb, (long long)g->ldc);
+  if (plan.gemm.m && !plan.spec) { /* cuBLAS, no kernel of ours */
+    int used = snprintf(msg, msg_len, "kernel=");
+    used = append_gemm(&plan.gemm, used, msg, msg_len);
     append_outputs(&plan, n_outputs, used, msg, msg_len);
     return 0;
   }
@@ -608,9 +627,18 @@ static int plan_hook(const char *op_name, int elem_type, int arch, int n_inputs,
   int used = snprintf(msg, msg_len, "kernel=%s arch=%d grid=%u,%u,%u block=%u shared=%u spec=%d",
                       plan.spec->kernel_name, image->arch, plan.grid[0], plan.grid[1], plan.grid[2],
                       32u * image->num_warps, image->shared_bytes, (int)(plan.spec - op->specs));
+  /* a plan with GEMMs runs them after launch 0: " then=cublasGemmEx ..." for each, before grid2 */
+  const ot_gemm *gemms[2] = {&plan.gemm, &plan.gemm2};
+  for (int g = 0; g < 2; g++) {
+    if (!gemms[g]->m || used <= 0 || (size_t)used >= msg_len) continue;
+    used += snprintf(msg + used, msg_len - (size_t)used, " then=");
+    used = append_gemm(gemms[g], used, msg, msg_len);
+  }
   if (plan.n_launches > 1 && used > 0 && (size_t)used < msg_len)
-    used += snprintf(msg + used, msg_len - (size_t)used, " grid2=%u,%u,%u scratch=%zu", plan.grid2[0],
-                     plan.grid2[1], plan.grid2[2], plan.scratch_bytes);
+    used += snprintf(msg + used, msg_len - (size_t)used, " grid2=%u,%u,%u", plan.grid2[0], plan.grid2[1],
+                     plan.grid2[2]);
+  if (plan.scratch_bytes && used > 0 && (size_t)used < msg_len)
+    used += snprintf(msg + used, msg_len - (size_t)used, " scratch=%zu", plan.scratch_bytes);
   if (plan.merge_counters && used > 0 && (size_t)used < msg_len) /* one launch where compute has the counters */
     used += snprintf(msg + used, msg_len - (size_t)used, " merge_counters=%zu", plan.merge_counters);
   const size_t triton_scratch = triton_scratch_bytes(&plan);

@@ -79,8 +79,11 @@ typedef struct {
 
 /* A GEMM a plan hands to cuBLAS instead of a kernel of ours (Linear beyond one row: cuBLAS is the
  * library's GEMM, Triton's GEMV its one-row kernel). Column-major, as cublasGemmEx takes it:
- * C[m, n] = op(A)[m, k] op(B)[k, n], A, B and C the pointers at ptrs[a], ptrs[b], ptrs[c] (inputs then
- * outputs), op the transpose when trans_a / trans_b; fp32 accumulation. m == 0: no GEMM. */
+ * C[m, n] = op(A)[m, k] op(B)[k, n], A, B and C the pointers at ptrs[a], ptrs[b], ptrs[c] (inputs, then
+ * outputs, then from OT_PTR_WS the plan's workspace regions), op the transpose when trans_a / trans_b; fp32
+ * accumulation. m == 0: no GEMM. */
+#define OT_MAX_WS 4                 /* workspace regions a plan may name */
+#define OT_PTR_WS (2 * OT_MAX_IO)   /* ptrs[OT_PTR_WS + j]: the workspace plus ot_plan.ws_offsets[j] */
 typedef struct {
   int64_t m, n, k, lda, ldb, ldc;
   int trans_a, trans_b;
@@ -107,7 +110,10 @@ typedef struct {
    * (CausalAttention's fused merge); 0: none. At most OT_MERGE_COUNTERS. */
   size_t merge_counters;
   void *counters;               /* set by compute: those counters, the plan then one launch on grid; else NULL */
-  ot_gemm gemm;                 /* gemm.m > 0: cuBLAS runs the node (spec NULL, no kernel of ours) */
+  /* gemm.m > 0 with spec NULL: cuBLAS runs the node, no kernel of ours. With a spec: launch 0, then gemm and gemm2
+   * (m > 0), then the remaining launches: a fused op's steps beyond its fused kernel's rows (AddRMSNormLinear). */
+  ot_gemm gemm, gemm2;
+  size_t ws_offsets[OT_MAX_WS]; /* byte offsets into the workspace of the regions ptrs[OT_PTR_WS + j] name */
 } ot_plan;
 
 /* Merge counters a node keeps per CUDA stream (ops/causal_attention.py MERGE_COUNTERS, the same number). */

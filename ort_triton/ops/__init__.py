@@ -9,6 +9,7 @@ from .causal_attention import CAUSAL_ATTENTION
 from .embed_layer_norm import EMBED_LAYER_NORM
 from .layer_norm import ADD_LAYER_NORM, LAYER_NORM
 from .linear import LINEAR
+from .norm_linear import ADD_RMS_NORM_LINEAR, ADD_RMS_NORM_SWIGLU
 from .packed_attention import PACKED_MULTI_HEAD_ATTENTION
 from .qkv_cache import QKV_CACHE
 from .qkv_rotary_cache import QKV_ROTARY_CACHE
@@ -26,4 +27,5 @@ ALL_OPS += (TRANSPOSE_ROTARY,)
 ALL_OPS += (QKV_ROTARY_CACHE,)
 ALL_OPS += (QKV_CACHE,)
 ALL_OPS += (LINEAR,)
+ALL_OPS += (ADD_RMS_NORM_LINEAR, ADD_RMS_NORM_SWIGLU)
 BY_NAME: dict[str, OpContract] = {op.name: op for op in ALL_OPS}

@@ -124,9 +124,10 @@ def reference_add_rms_norm(x, skip, gamma, epsilon=1e-6):
 
 
 # ---- function bodies -------------------------------------------------------------------------------
-def _rms_nodes(x: str, opset: int) -> list[onnx.NodeProto]:
-    """Y = T(float(x) / sqrt(mean(float(x)^2) + epsilon) * float(gamma)) over the last axis, for `opset`
-    (ReduceMean takes its axes as an attribute before 18, as an input from 18)."""
+def rms_norm_body(x: str, opset: int, out: str = "Y") -> list[onnx.NodeProto]:
+    """out = T(float(x) / sqrt(mean(float(x)^2) + epsilon) * float(gamma)) over the last axis, for `opset`
+    (ReduceMean takes its axes as an attribute before 18, as an input from 18). Also the norm inside
+    AddRMSNormLinear's and AddRMSNormSwiGLU's bodies (ops/norm_linear.py)."""
     n = helper.make_node
     eps = n("Constant", [], ["eps"])
     eps.attribute.append(attr_ref("epsilon", onnx.AttributeProto.FLOAT, name="value_float"))
@@ -138,7 +139,7 @@ def _rms_nodes(x: str, opset: int) -> list[onnx.NodeProto]:
     return [
         n("Cast", [x], ["xf"], to=f), n("Mul", ["xf", "xf"], ["xx"]), *mean, eps,
         n("Add", ["ms", "eps"], ["mse"]), n("Sqrt", ["mse"], ["rms"]), n("Div", ["xf", "rms"], ["normed"]),
-        n("Cast", ["gamma"], ["gf"], to=f), n("Mul", ["normed", "gf"], ["yf"]), n("CastLike", ["yf", x], ["Y"]),
+        n("Cast", ["gamma"], ["gf"], to=f), n("Mul", ["normed", "gf"], ["yf"]), n("CastLike", ["yf", x], [out]),
     ]
 
 
@@ -152,7 +153,7 @@ RMS_NORM = OpContract(
     outputs=(IO("Y", "[..., H]"),),
     attrs=(_EPS,),
     types=_TYPES,
-    body=lambda opset: _rms_nodes("X", opset),
+    body=lambda opset: rms_norm_body("X", opset),
     reference=reference_rms_norm,
     kernel=KERNEL,
     specializations=lambda _t: _specs(has_res=False),
@@ -166,7 +167,7 @@ ADD_RMS_NORM = OpContract(
     outputs=(IO("Y", "[..., H]"), IO("sum", "X + skip, the residual stream that goes on", optional=True)),
     attrs=(_EPS,),
     types=_TYPES,
-    body=lambda opset: [helper.make_node("Add", ["X", "skip"], ["sum"]), *_rms_nodes("sum", opset)],
+    body=lambda opset: [helper.make_node("Add", ["X", "skip"], ["sum"]), *rms_norm_body("sum", opset)],
     reference=reference_add_rms_norm,
     kernel=KERNEL,
     specializations=lambda _t: _specs(has_res=True),

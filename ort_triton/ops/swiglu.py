@@ -47,10 +47,11 @@ def reference_silu_mul(gate, up):
     return (g / (1.0 + np.exp(-g)) * u,)
 
 
-def _body(_opset: int) -> list[onnx.NodeProto]:
-    # the exporters' own spelling, in their order: a fused model computes what the original did, bit for bit
+def silu_mul_body(gate: str = "gate", up: str = "up", out: str = "Y") -> list[onnx.NodeProto]:
+    """out = silu(gate) * up, in the exporters' own spelling and order: a fused model computes what the original
+    did, bit for bit. Also the epilogue of AddRMSNormSwiGLU's body (ops/norm_linear.py)."""
     n = helper.make_node
-    return [n("Sigmoid", ["gate"], ["sig"]), n("Mul", ["gate", "sig"], ["silu"]), n("Mul", ["silu", "up"], ["Y"])]
+    return [n("Sigmoid", [gate], ["sig"]), n("Mul", [gate, "sig"], ["silu"]), n("Mul", ["silu", up], [out])]
 
 
 SILU_MUL = OpContract(
@@ -60,7 +61,7 @@ SILU_MUL = OpContract(
     outputs=(IO("Y", "[..., I]"),),
     attrs=(),
     types=("float16", "bfloat16", "float"),
-    body=_body,  # Sigmoid and Mul: the same from opset 15 on
+    body=lambda _opset: silu_mul_body(),  # Sigmoid and Mul: the same from opset 15 on
     reference=reference_silu_mul,
     kernel=KERNEL,
     specializations=_specs,

@@ -1,0 +1,182 @@
+"""The kernel behind AddRMSNormLinear and AddRMSNormSwiGLU (contracts and maths: ort_triton/ops/norm_linear.py).
+
+One function, three modes (MODE, a runtime argument, so one compiled spec serves all three):
+
+    MODE 0, fused (M <= BLOCK_M rows, grid = ceil(N / BLOCK_N)):
+        s = T(x + skip), rstd = 1 / sqrt(mean(s^2) + eps) per row (a first pass over K; program 0 writes s),
+        n = T(s * rstd * gamma), then acc[j, m] = sum_k WT[j, k] * n[m, k] (and acc2 with WT2 for SwiGLU):
+        Y = T(acc), or Y = T(silu(T(acc)) * T(acc2)).
+    MODE 1, the norm alone (more rows; grid = ceil(M / BLOCK_M)): n into NB [M, K], s into S.
+    MODE 2, SwiGLU alone (grid = ceil(M / BLOCK_M) x ceil(N / BLOCK_N) programs, flattened):
+        Y = T(silu(GB) * UB), GB and UB [M, N] the two GEMMs cuBLAS ran on NB between the launches.
+
+Why tl.dot for a product of 1-16 rows: the weight is the MMA's A operand (BLOCK_N of its rows, K contiguous as
+WT is stored) and the few rows of n, padded to BLOCK_M = 16, its B operand. Triton's pipeliner then stages the
+weight tiles in shared memory num_stages deep (cp.async): the bytes in flight a decode product needs, which the
+register loop of gemv.py has to arrange by hand. The MMA's wasted rows cost nothing: the product is memory-bound.
+
+Rounding follows the unfused graph: the Add rounds s to T, AddRMSNorm rounds n once, cuBLAS rounds each GEMM's
+fp32 sum once, SiluMul computes in fp32 from the rounded gate and up and rounds once.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _sum_tile(X, R, offs, ok, T):
+    """s = T(x + skip) for one [BLOCK_M, BLOCK_K] tile, in fp32 (masked elements 0)."""
+    x = tl.load(X + offs, mask=ok, other=0.0).to(tl.float32)
+    r = tl.load(R + offs, mask=ok, other=0.0).to(tl.float32)
+    return (x + r).to(T).to(tl.float32)
+
+
+@triton.jit
+def _rstd(X, R, S, rows, m_ok, K, eps, store_sum, T, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """1 / sqrt(mean(s^2) + eps) for each row, writing s where store_sum."""
+    ks = tl.arange(0, BLOCK_K)
+    ss = tl.zeros([BLOCK_M], tl.float32)
+    for k in range(0, K, BLOCK_K):
+        ok = m_ok[:, None] & (k + ks < K)[None, :]
+        offs = rows.to(tl.int64)[:, None] * K + (k + ks)[None, :]
+        s = _sum_tile(X, R, offs, ok, T)
+        tl.store(S + offs, s.to(T), mask=ok & (store_sum != 0))
+        ss += tl.sum(s * s, axis=1)
+    return tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(ss, tl.full([], K, tl.float32)) + eps))
+
+
+@triton.jit
+def _rstd_one_row(X, R, S, K, eps, store_sum, T, BLOCK_M: tl.constexpr, ROW_BLOCK: tl.constexpr):
+    """_rstd of row 0 alone (a decode step at batch 1) in 1-D chunks of ROW_BLOCK: K = 2048 is one chunk, one round
+    trip to memory. The [BLOCK_M, BLOCK_K] loop would take K / BLOCK_K dependent ones before the weight streams
+    (session 24, H100: Llama's norm + Q/K/V 11.2 us that way, 9.1 us this way)."""
+    ks = tl.arange(0, ROW_BLOCK)
+    ss = tl.zeros([ROW_BLOCK], tl.float32)
+    for k in range(0, K, ROW_BLOCK):
+        ok = k + ks < K
+        s = _sum_tile(X, R, k + ks, ok, T)
+        tl.store(S + k + ks, s.to(T), mask=ok & (store_sum != 0))
+        ss += s * s
+    r = tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(tl.sum(ss, axis=0), tl.full([], K, tl.float32)) + eps))
+    return tl.full([BLOCK_M], 1.0, tl.float32) * r
+
+
+@triton.jit
+def _dot(w, n, acc):
+    """acc + w @ n^T; fp32 exactly (Triton's default for fp32 operands is TF32, 1e-3)."""
+    if w.dtype == tl.float32:
+        return tl.dot(w, tl.trans(n), acc, input_precision="ieee")
+    else:
+        return tl.dot(w, tl.trans(n), acc)
+
+
+@triton.jit
+def _weight_tile(ptrs, k_ok, EVEN_K: tl.constexpr):
+    """A [BLOCK_N, BLOCK_K] tile of the weight, read once: evict_first keeps L2 for the activations. Unmasked when
+    BLOCK_K divides K (the loads vectorise)."""
+    if EVEN_K:
+        return tl.load(ptrs, eviction_policy="evict_first")
+    else:
+        return tl.load(ptrs, mask=k_ok[None, :], other=0.0, eviction_policy="evict_first")
+
+
+@triton.jit
+def _silu_mul(g, u):
+    """silu(g) * u in fp32 (g << 0: exp(-g) = inf, g / inf = -0, no NaN), as SiluMul."""
+    return g / (1.0 + tl.exp(-g)) * u
+
+
+@triton.jit
+def norm_linear_fwd(
+    X, R, G, WT, WT2, Y, S, NB, GB, UB, M, N, K, eps, store_sum, MODE,
+    SWIGLU: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, ROW_BLOCK: tl.constexpr,
+):
+    T = Y.dtype.element_ty
+    pid = tl.program_id(0)
+    ks = tl.arange(0, BLOCK_K)
+    if MODE == 0:
+        rows = tl.arange(0, BLOCK_M)
+        m_ok = rows < M
+        # only program 0 writes the sum; every program needs rstd (M x K from L2, the weight is far more). Rows
+        # past M hold rstd 1 over zeros: finite, never stored.
+        if M == 1:
+            rstd = _rstd_one_row(X, R, S, K, eps, store_sum * (pid == 0), T, BLOCK_M, ROW_BLOCK)
+        else:
+            rstd = _rstd(X, R, S, rows, m_ok, K, eps, store_sum * (pid == 0), T, BLOCK_M, BLOCK_K)
+        cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        w_rows = tl.minimum(cols, N - 1).to(tl.int64)[:, None] * K  # clamped: a valid row, not stored
+        acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+        acc2 = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+        for k in range(0, K, BLOCK_K):  # pipelined num_stages deep (the spec's): the loads feed tl.dot
+            k_ok = k + ks < K
+            offs = rows[:, None] * K + (k + ks)[None, :]
+            s = _sum_tile(X, R, offs, m_ok[:, None] & k_ok[None, :], T)
+            g = tl.load(G + k + ks, mask=k_ok, other=0.0).to(tl.float32)
+            n = (s * rstd[:, None] * g[None, :]).to(T)
+            acc = _dot(_weight_tile(WT + w_rows + (k + ks)[None, :], k_ok, EVEN_K), n, acc)
+            if SWIGLU:
+                acc2 = _dot(_weight_tile(WT2 + w_rows + (k + ks)[None, :], k_ok, EVEN_K), n, acc2)
+        if SWIGLU:
+            acc = _silu_mul(acc.to(T).to(tl.float32), acc2.to(T).to(tl.float32))
+        out = rows[None, :].to(tl.int64) * N + cols[:, None]
+        tl.store(Y + out, acc.to(T), mask=(cols < N)[:, None] & m_ok[None, :])
+    elif MODE == 1:
+        rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+        m_ok = rows < M
+        rstd = _rstd(X, R, S, rows, m_ok, K, eps, store_sum, T, BLOCK_M, BLOCK_K)
+        for k in range(0, K, BLOCK_K):
+            ok = m_ok[:, None] & (k + ks < K)[None, :]
+            offs = rows.to(tl.int64)[:, None] * K + (k + ks)[None, :]
+            s = _sum_tile(X, R, offs, ok, T)
+            g = tl.load(G + k + ks, mask=k + ks < K, other=0.0).to(tl.float32)
+            tl.store(NB + offs, (s * rstd[:, None] * g[None, :]).to(T), mask=ok)
+    else:
+        col_blocks = tl.cdiv(N, BLOCK_N)
+        rows = (pid // col_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = (pid % col_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
+        ok = (rows < M)[:, None] & (cols < N)[None, :]
+        offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+        g = tl.load(GB + offs, mask=ok, other=0.0).to(tl.float32)
+        u = tl.load(UB + offs, mask=ok, other=0.0).to(tl.float32)
+        tl.store(Y + offs, _silu_mul(g, u).to(T), mask=ok)
+
+
+# ---- a torch entry point: the same kernel through Triton's JIT (tests, interpreter, GPU timing) -------
+def norm_linear(x, skip, gamma, wt, wt2=None, epsilon=1e-6, store_sum=False, *, out=None, sum_out=None,
+                block_n=64, block_k=128, stages=3, num_warps=4, row_block=2048, fused=None):
+    """Y (and the sum when store_sum) for X [..., K], skip like X, gamma [K], wt (and wt2) [N, K]. `fused`: True
+    runs MODE 0 (at most 16 rows), False MODE 1, torch.matmul on the normed rows, and MODE 2 for SwiGLU (what the
+    library runs beyond 16 rows, torch's GEMM standing in for cuBLAS); None picks by the row count."""
+    import torch
+
+    k, n = x.shape[-1], wt.shape[0]
+    if tuple(wt.shape) != (n, k) or (wt2 is not None and tuple(wt2.shape) != (n, k)):
+        raise ValueError(f"norm_linear: weights must be [N, K] with K = {k}, got {list(wt.shape)}"
+                         + ("" if wt2 is None else f" and {list(wt2.shape)}"))
+    x2, r2 = x.reshape(-1, k).contiguous(), skip.reshape(-1, k).contiguous()
+    m = x2.shape[0]
+    fused = m <= 16 if fused is None else fused
+    y = out if out is not None else x.new_empty(*x.shape[:-1], n)
+    s = (sum_out if sum_out is not None else torch.empty_like(x)) if store_sum else y
+    args = dict(SWIGLU=wt2 is not None, EVEN_K=k % block_k == 0, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
+                ROW_BLOCK=row_block, num_warps=num_warps, num_stages=stages)
+    w2 = wt if wt2 is None else wt2
+    if fused:
+        if m > 16:
+            raise ValueError(f"norm_linear: the fused mode takes at most 16 rows, got {m}")
+        norm_linear_fwd[(triton.cdiv(n, block_n),)](x2, r2, gamma, wt, w2, y, s, y, y, y, m, n, k, epsilon,
+                                                      int(store_sum), 0, **args)
+    else:
+        nb = x2.new_empty(m, k)
+        norm_linear_fwd[(triton.cdiv(m, 16),)](x2, r2, gamma, wt, w2, y, s, nb, y, y, m, n, k, epsilon,
+                                               int(store_sum), 1, **args)
+        if wt2 is None:
+            torch.matmul(nb, wt.t(), out=y.view(m, n))
+        else:
+            gb, ub = nb @ wt.t(), nb @ wt2.t()
+            grid = (triton.cdiv(m, 16) * triton.cdiv(n, block_n),)
+            norm_linear_fwd[grid](x2, r2, gamma, wt, w2, y, s, nb, gb, ub, m, n, k, epsilon, 0, 2, **args)
+    return (y, s) if store_sum else y
