@@ -1,17 +1,14 @@
 #!/usr/bin/env bash
-# Session 24's GPU calls (carry [".ortgpu", ".ortinc"] and, for `ln`, build/lnvar; start with
-# `source .ortgpu/activate.sh &&`). STEPS picks them (default "chain"), each bounded so a call ends inside 10 minutes:
+# Session 24's GPU calls (carry [".ortgpu", ".ortinc"]; start with `source .ortgpu/activate.sh &&`). STEPS picks
+# them (default "chain"), each bounded so a call ends inside 10 minutes:
 #   chain  issue 5: decode-shaped products over chains of distinct weights (scripts/gemv_chain_sweep.py): cuBLAS as
 #          ORT runs it, Linear's GEMV, the tl.dot "skinny" candidate, and AddRMSNorm (+ SwiGLU) fused into it
 #          against the library's three launches; JSONL in $OUT/gemv_chain_sweep.jsonl.
 #   tests  AddRMSNormLinear / AddRMSNormSwiGLU natively (Triton's JIT, the three modes) and through ORT's CUDA EP
 #          from the AOT library (fused and steps, fp32/fp16/bf16, CUDA graphs): tests/ops/test_norm_linear_op.py;
 #   ab     MODELS' (default llama-1b) prefill and decode through ORT with CUDA graphs: the default rules (A) against
-#          the default rules and add_rms_norm_swiglu (B), alternating rounds; B/A > 1 is the
-#          rules' gain. JSON in $OUT/ab_norm_swiglu_MODEL.json;
-#   ln     issue 2: the default library in the ORT chains against ORT's kernels and the LN_SOURCES variants (default:
-#          build/lnvar/ef and build/lnvar/cs, the kernel with its stores evict_first or .cs, made by
-#          `scripts/gpu_session24.sh` callers as described in bench/results/README.md), at LN_HIDDEN (768,8192).
+#          the default rules and add_rms_norm_swiglu (B), alternating rounds; B/A > 1 is the rule's gain. JSON in
+#          $OUT/ab_norm_swiglu_MODEL.json.
 source "$(dirname "$0")/gpu_env.sh"
 for step in ${STEPS:-chain}; do
   echo "== $step"
@@ -28,9 +25,6 @@ for step in ${STEPS:-chain}; do
         --rounds "${ROUNDS:-3}" --iters "${ITERS:-20}" --work build/decoder_work \
         --json "$OUT/ab_norm_swiglu_$model.json" 2>&1 | filter | tail -20
     done ;;
-  ln)
-    LN_CANDIDATES="" LN_SOURCES=${LN_SOURCES-ef=build/lnvar/ef;cs=build/lnvar/cs} LN_HIDDEN=${LN_HIDDEN:-768,8192} \
-      ln_chains 768,8192 ;;
   *) echo "unknown step $step" >&2; exit 2 ;;
   esac
 done
