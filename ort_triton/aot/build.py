@@ -29,6 +29,11 @@ from .compile import Compiled, Job, compile_job
 from .ort_header import find_ort_include
 
 DEFAULT_ARCHS = (80, 86, 89, 90)
+# The most shared memory a block may opt into, bytes, per compute capability (CUDA C++ Programming Guide, the
+# compute capabilities table). A kernel past it compiles but fails at its first launch on such a GPU: the build says
+# so up front and lists it in the manifest. Archs not listed are not checked. The default archs' built-in specs all
+# fit; sm_75 (64 KB) leaves out 30 attention specs (head dims 80-128, session 24).
+MAX_SHARED = {75: 65536, 80: 166912, 86: 101376, 87: 166912, 89: 101376, 90: 232448, 100: 232448, 120: 101376}
 LIBRARY_NAME = "libort_triton.so"
 NATIVE_DIR = pathlib.Path(__file__).resolve().parent.parent / "native"
 
@@ -130,6 +135,17 @@ def build_library(archs=DEFAULT_ARCHS, out_dir=None, *, cache_dir=None, jobs: in
             compiled[key] = compile_job(j, kernel_cache)
     if todo:
         log(f"compiled {len(todo)} kernels in {time.time() - t0:.1f} s")
+    too_big = []
+    for j in all_jobs:
+        shared = compiled[(j.op.name, j.type_name, j.spec_index, j.arch)].shared
+        if shared > MAX_SHARED.get(j.arch, shared):
+            too_big.append(f"{j.op.name} ({j.type_name}) spec {j.spec_index} {j.spec.constexprs} on sm_{j.arch}: "
+                           f"{shared} B")
+    if too_big:  # kept, not dropped: the rest of the op (other head dims, other archs) is still worth having
+        log(f"warning: {len(too_big)} kernel(s) need more shared memory than their GPU lets a block have ("
+            f"{', '.join(f'sm_{a} {MAX_SHARED[a]} B' for a in archs if a in MAX_SHARED)}) and will fail at launch "
+            f"there with a message that names the op; the manifest lists them (\"too_big\"): " +
+            "; ".join(too_big[:8]) + (f"; and {len(too_big) - 8} more" if len(too_big) > 8 else ""))
 
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ort_triton_build_") as tmp:
@@ -151,7 +167,7 @@ def build_library(archs=DEFAULT_ARCHS, out_dir=None, *, cache_dir=None, jobs: in
     manifest = {
         "library": LIBRARY_NAME, "archs": list(archs), "triton": triton.__version__,
         "ops": sorted({op.name for op, _ in _registrations()}),
-        "kernels": len(all_jobs), "python": sys.version.split()[0],
+        "kernels": len(all_jobs), "python": sys.version.split()[0], "too_big": too_big,
         "tuning": {"table": str(tuning_table), "tuned_specs": n_tuned, "gpu": header.get("gpu"),
                    "model": header.get("model")} if tuning_table else None,
     }

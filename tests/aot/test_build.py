@@ -3,6 +3,7 @@ default arch, and the driver message a launch gives where there is no driver."""
 
 import ctypes
 import json
+import re
 import subprocess
 
 import onnxruntime as ort
@@ -42,6 +43,27 @@ def test_second_build_compiles_nothing(native_library, tmp_path):
     """The fixture's build filled the cache; the same build again takes every kernel from it."""
     res = run_cli("build", "--arch", "90", "-o", tmp_path)
     assert ", 0 to compile" in res.stdout, res.stdout
+
+
+def test_kernels_past_the_arch_shared_memory_are_named(native_library, tmp_path):
+    """A spec whose shared memory passes what its arch lets a block have would fail at its first launch: the build
+    says so, naming the op, spec and arch, and lists it in the manifest (here with sm_90's limit lowered to 16 KB, in
+    a process without TRITON_INTERPRET; the kernels come from the cache the fixture filled). With the real limits
+    the list is empty (the fixture's own build)."""
+    import os
+    import sys
+
+    assert json.loads((native_library.parent / "manifest.json").read_text())["too_big"] == []
+    code = ("import sys; from ort_triton.aot import build; build.MAX_SHARED = {90: 16384}; "
+            "build.build_library((90,), sys.argv[1], log=print)")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env,
+                         timeout=900)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert re.search(r"warning: \d+ kernel\(s\) need more shared memory than their GPU lets a block have \(sm_90 "
+                     r"16384 B\) and will fail at launch.*spec \d+ .* on sm_90: \d+ B", res.stdout), res.stdout[-2000:]
+    too_big = json.loads((tmp_path / "manifest.json").read_text())["too_big"]
+    assert too_big and all(re.fullmatch(r"\w+ \(\w+\) spec \d+ \{.*\} on sm_90: \d+ B", t) for t in too_big)
 
 
 @pytest.mark.slow
