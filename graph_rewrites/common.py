@@ -48,6 +48,13 @@ def check_zero_bias_to_fold(result, zero: ir.Value, bias: ir.Value, x: ir.Value)
     return result
 
 
+def transposed_constant(op, graph: ir.Graph | None, w: ir.Value) -> ir.Value:
+    """A new initializer holding the constant w transposed ([K, N] -> [N, K], contiguous), named after w: the weight
+    as Linear and AddRMSNormLinear / AddRMSNormSwiGLU read it."""
+    data = np.ascontiguousarray(ir.convenience.get_const_tensor(w).numpy().T)
+    return op.initializer(ir.tensor(data, name=fresh_name(graph, f"{w.name}__ot_t")))
+
+
 def static_2d(v: ir.Value) -> tuple[int, int] | None:
     """v's dims when its shape is known, 2-D and static (a MatMul's constant weight); else None."""
     s = v.shape

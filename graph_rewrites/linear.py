@@ -19,13 +19,12 @@ products), one not a static 2-D shape.
 
 from __future__ import annotations
 
-import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from ort_triton.ops.linear import LINEAR
 
-from .common import FLOAT_TYPES, NOT_A_CANDIDATE, fresh_name, static_2d
+from .common import FLOAT_TYPES, NOT_A_CANDIDATE, static_2d, transposed_constant
 
 
 def _check(result: pattern.MatchResult, x: ir.Value, k: int, constant: ir.Value, read: ir.Value,
@@ -67,10 +66,7 @@ class LinearRule(pattern.RewriteRuleClassBase):
         return _check(pattern.MatchResult(), x, static_2d(w)[0], w, w, copied=True)
 
     def rewrite(self, op, x, w, out, **_):
-        graph = x.graph or out.graph
-        data = np.ascontiguousarray(ir.convenience.get_const_tensor(w).numpy().T)
-        wt = op.initializer(ir.tensor(data, name=fresh_name(graph, f"{w.name}__ot_t")))
-        return _linear(op, x, wt, data.shape[0])
+        return _linear(op, x, transposed_constant(op, x.graph or out.graph, w), static_2d(w)[1])
 
 
 class LinearOfTransposeRule(pattern.RewriteRuleClassBase):

@@ -22,14 +22,13 @@ residual add (a model's first norm), whose input has no skip to fold.
 
 from __future__ import annotations
 
-import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from ort_triton.contract import DOMAIN
 from ort_triton.ops.norm_linear import ADD_RMS_NORM_LINEAR, ADD_RMS_NORM_SWIGLU
 
-from .common import NOT_A_CANDIDATE, fresh_name, static_2d
+from .common import NOT_A_CANDIDATE, static_2d, transposed_constant
 
 
 def _check_weight(result: pattern.MatchResult, x: ir.Value, w: ir.Value, k: int | None) -> pattern.MatchResult:
@@ -45,11 +44,6 @@ def _check_weight(result: pattern.MatchResult, x: ir.Value, w: ir.Value, k: int 
     if not isinstance(width, int) or width != k:
         return result.fail(f"the norm's last dim {width} is not known to be the weight's K={k}", x)
     return result
-
-
-def _transposed(op, graph: ir.Graph, w: ir.Value) -> ir.Value:
-    data = np.ascontiguousarray(ir.convenience.get_const_tensor(w).numpy().T)
-    return op.initializer(ir.tensor(data, name=fresh_name(graph, f"{w.name}__ot_t")))
 
 
 def _eps(n: ir.Value) -> float:
@@ -93,7 +87,7 @@ class AddRMSNormLinearRule(pattern.RewriteRuleClassBase):
         return result
 
     def rewrite(self, op, x, skip, gamma, w, n, s, **_):
-        wt = w if self._tied else _transposed(op, x.graph or n.graph, w)
+        wt = w if self._tied else transposed_constant(op, x.graph or n.graph, w)
         cols = static_2d(wt)[0]
         values = ADD_RMS_NORM_LINEAR.node(op, x, skip, gamma, wt, epsilon=_eps(n), outputs=[True, True])
         return _typed(values, x, cols)
@@ -124,6 +118,6 @@ class AddRMSNormSwiGLURule(pattern.RewriteRuleClassBase):
 
     def rewrite(self, op, x, skip, gamma, wg, wu, n, **_):
         graph = x.graph or n.graph
-        wgt, wut = _transposed(op, graph, wg), _transposed(op, graph, wu)
+        wgt, wut = transposed_constant(op, graph, wg), transposed_constant(op, graph, wu)
         values = ADD_RMS_NORM_SWIGLU.node(op, x, skip, gamma, wgt, wut, epsilon=_eps(n), outputs=[True, True])
         return _typed(values, x, static_2d(wg)[1])

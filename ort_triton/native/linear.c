@@ -12,14 +12,6 @@ enum { IN_X, IN_WT, N_INPUTS };
 enum { KEY_K_ALIGN, KEY_K, KEY_N, N_KEYS }; /* dispatch keys, in contract order */
 enum { CONST_BLOCK_N, CONST_BLOCK_K };      /* meaning of ot_spec.consts */
 
-/* The largest power of two dividing k, at most 4096 (the contract's K_ALIGN_CAP): a spec that loads whole
- * BLOCK_K tiles unmasked needs BLOCK_K to divide K. */
-static int64_t k_align(int64_t k) {
-  int64_t a = 1;
-  while (a < 4096 && k % (2 * a) == 0) a *= 2;
-  return a;
-}
-
 int ot_linear_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_outputs, const double *attrs,
                    ot_plan *plan, char *err, size_t err_len) {
   (void)attrs;
@@ -54,7 +46,7 @@ int ot_linear_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_outpu
     return 0;
   }
   if (rows == 1) {
-    const int64_t keys[N_KEYS] = {k_align(k), k, n};
+    const int64_t keys[N_KEYS] = {ot_k_align(k), k, n};
     const ot_spec *spec = ot_find_spec(op, keys, N_KEYS, plan->arch);
     if (spec && spec->consts[CONST_BLOCK_N] >= 1 && spec->consts[CONST_BLOCK_K] >= 1) {
       const int64_t block = spec->consts[CONST_BLOCK_N];
@@ -65,7 +57,7 @@ int ot_linear_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_outpu
   }
   /* Column-major: C = Y^T [N, rows] (ld N) = op(A) B, A = WT seen as [K, N] (ld K) transposed, B = X^T [K, rows]
    * (ld K). The TN form, cuBLAS's fastest for a weight stored so. */
-  plan->gemm = (ot_gemm){.m = n, .n = rows, .k = k, .lda = k, .ldb = k, .ldc = n, .trans_a = 1, .trans_b = 0,
+  plan->gemms[0] = (ot_gemm){.m = n, .n = rows, .k = k, .lda = k, .ldb = k, .ldc = n, .trans_a = 1, .trans_b = 0,
                          .a = IN_WT, .b = IN_X, .c = N_INPUTS};
   return 0;
 }

@@ -20,12 +20,6 @@ enum { CONST_ROWS, CONST_BLOCK_N, CONST_BLOCK_K };    /* meaning of ot_spec.cons
 enum { WS_N, WS_G, WS_U };                             /* workspace regions of the steps */
 enum { VALUE_MODE0 };                                  /* plan->values: MODE of launch 0 (launch 1 is MODE 2) */
 
-static int64_t k_align(int64_t k) {
-  int64_t a = 1;
-  while (a < 4096 && k % (2 * a) == 0) a *= 2;
-  return a;
-}
-
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /* Input `index` must be [N, K] with the given K; n_out gets N (the first weight's, which the second must match). */
@@ -83,7 +77,7 @@ int ot_norm_linear_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_
     return 0;
   }
 
-  const int64_t fused_keys[N_KEYS] = {1, k_align(k), k, n};
+  const int64_t fused_keys[N_KEYS] = {1, ot_k_align(k), k, n};
   const ot_spec *spec = ot_find_spec(op, fused_keys, N_KEYS, plan->arch);
   if (spec && n > 0 && rows <= spec->consts[CONST_ROWS] && spec->consts[CONST_BLOCK_N] >= 1) {
     plan->spec = spec;
@@ -92,7 +86,7 @@ int ot_norm_linear_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_
     return 0;
   }
 
-  const int64_t steps_keys[N_KEYS] = {0, k_align(k), k, n};
+  const int64_t steps_keys[N_KEYS] = {0, ot_k_align(k), k, n};
   spec = ot_find_spec(op, steps_keys, N_KEYS, plan->arch);
   if (!spec || spec->consts[CONST_ROWS] < 1 || spec->consts[CONST_BLOCK_N] < 1) {
     snprintf(err, err_len, "this library holds no kernel for this op's steps beyond %s rows; rebuild it with the "
@@ -121,11 +115,11 @@ int ot_norm_linear_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_
   /* Column-major: C = Y^T [N, rows] (ld N) = WT^T-as-[K, N] transposed times normed^T [K, rows] (ld K) */
   const ot_gemm g = {.m = n, .n = rows, .k = k, .lda = k, .ldb = k, .ldc = n, .trans_a = 1, .trans_b = 0,
                      .a = IN_WT, .b = OT_PTR_WS + WS_N, .c = swiglu ? OT_PTR_WS + WS_G : n_inputs + OUT_Y};
-  plan->gemm = g;
+  plan->gemms[0] = g;
   if (swiglu) {
-    plan->gemm2 = g;
-    plan->gemm2.a = IN_WT2;
-    plan->gemm2.c = OT_PTR_WS + WS_U;
+    plan->gemms[1] = g;
+    plan->gemms[1].a = IN_WT2;
+    plan->gemms[1].c = OT_PTR_WS + WS_U;
     plan->n_launches = 2;
     plan->grid2[0] = (unsigned)tiles;
     plan->grid2[1] = plan->grid2[2] = 1;

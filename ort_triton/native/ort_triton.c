@@ -219,7 +219,7 @@ static OrtStatus *describe(const OrtApi *api, const ot_op *op, int index, const 
   return NULL;
 }
 
-/* The plan's GEMMs (gemm, then gemm2 where it has one) through cuBLAS on ORT's handle for this stream. */
+/* The plan's GEMMs (those with m > 0, in order) through cuBLAS on ORT's handle for this stream. */
 static OrtStatus *run_gemms(const OrtApi *api, const ot_op *op, OrtKernelContext *context, void *stream,
                             const ot_plan *plan, void *const *ptrs) {
   char err[OT_MSG_LEN];
@@ -227,9 +227,8 @@ static OrtStatus *run_gemms(const OrtApi *api, const ot_op *op, OrtKernelContext
   TRY(api->KernelContext_GetResource(context, OT_ORT_CUDA_RESOURCE_VERSION, OT_ORT_CUBLAS_HANDLE, &handle),
       "getting ORT's cuBLAS handle");
   if (!handle) return op_status(api, ORT_FAIL, op, "ORT gave no cuBLAS handle for this node's stream");
-  const ot_gemm *gemms[2] = {&plan->gemm, &plan->gemm2};
-  for (int g = 0; g < 2; g++)
-    if (gemms[g]->m && ot_cublas_gemm(handle, stream, op->type, gemms[g], ptrs, err, sizeof err))
+  for (int g = 0; g < OT_MAX_GEMMS; g++)
+    if (plan->gemms[g].m && ot_cublas_gemm(handle, stream, op->type, &plan->gemms[g], ptrs, err, sizeof err))
       return op_status(api, ORT_FAIL, op, err);
   return NULL;
 }
@@ -304,7 +303,7 @@ static OrtStatus *ORT_API_CALL kernel_compute(void *state, OrtKernelContext *con
     TRY(api->GetTensorMutableData(value, &ptrs[op->n_inputs + o]), "reading an output's data");
     if (o == 0) first_output = value;
   }
-  if (plan.gemm.m && !plan.spec) { /* cuBLAS runs the node, on ORT's handle for this stream */
+  if (plan.gemms[0].m && !plan.spec) { /* cuBLAS runs the node, on ORT's handle for this stream */
     OrtStatus *status = run_gemms(api, op, context, stream, &plan, ptrs);
     if (!status) atomic_fetch_add_explicit(&launches, 1, memory_order_relaxed);
     return status;
@@ -379,7 +378,7 @@ static OrtStatus *ORT_API_CALL kernel_compute(void *state, OrtKernelContext *con
     params[n + 1] = &scratch[1];
     if (ot_cuda_launch(plan.spec, l ? plan.grid2 : plan.grid, stream, params, err, sizeof err))
       status = op_status(api, ORT_FAIL, op, err);
-    if (!status && l == 0 && plan.gemm.m) status = run_gemms(api, op, context, stream, &plan, ptrs);
+    if (!status && l == 0 && plan.gemms[0].m) status = run_gemms(api, op, context, stream, &plan, ptrs);
   }
   if (block) {
     OrtStatus *failed = allocator_free(api, context, device_memory, block);
@@ -608,9 +607,9 @@ static int plan_hook(const char *op_name, int elem_type, int arch, int n_inputs,
     prefix_message(op, err, msg, msg_len);
     return ORT_INVALID_ARGUMENT;
   }
-  if (plan.gemm.m && !plan.spec) { /* cuBLAS, no kernel of ours */
+  if (plan.gemms[0].m && !plan.spec) { /* cuBLAS, no kernel of ours */
     int used = snprintf(msg, msg_len, "kernel=");
-    used = append_gemm(&plan.gemm, used, msg, msg_len);
+    used = append_gemm(&plan.gemms[0], used, msg, msg_len);
     append_outputs(&plan, n_outputs, used, msg, msg_len);
     return 0;
   }
@@ -628,11 +627,10 @@ static int plan_hook(const char *op_name, int elem_type, int arch, int n_inputs,
                       plan.spec->kernel_name, image->arch, plan.grid[0], plan.grid[1], plan.grid[2],
                       32u * image->num_warps, image->shared_bytes, (int)(plan.spec - op->specs));
   /* a plan with GEMMs runs them after launch 0: " then=cublasGemmEx ..." for each, before grid2 */
-  const ot_gemm *gemms[2] = {&plan.gemm, &plan.gemm2};
-  for (int g = 0; g < 2; g++) {
-    if (!gemms[g]->m || used <= 0 || (size_t)used >= msg_len) continue;
+  for (int g = 0; g < OT_MAX_GEMMS; g++) {
+    if (!plan.gemms[g].m || used <= 0 || (size_t)used >= msg_len) continue;
     used += snprintf(msg + used, msg_len - (size_t)used, " then=");
-    used = append_gemm(gemms[g], used, msg, msg_len);
+    used = append_gemm(&plan.gemms[g], used, msg, msg_len);
   }
   if (plan.n_launches > 1 && used > 0 && (size_t)used < msg_len)
     used += snprintf(msg + used, msg_len - (size_t)used, " grid2=%u,%u,%u", plan.grid2[0], plan.grid2[1],

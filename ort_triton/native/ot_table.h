@@ -84,6 +84,7 @@ typedef struct {
  * accumulation. m == 0: no GEMM. */
 #define OT_MAX_WS 4                 /* workspace regions a plan may name */
 #define OT_PTR_WS (2 * OT_MAX_IO)   /* ptrs[OT_PTR_WS + j]: the workspace plus ot_plan.ws_offsets[j] */
+#define OT_MAX_GEMMS 2              /* cuBLAS GEMMs a plan may run */
 typedef struct {
   int64_t m, n, k, lda, ldb, ldc;
   int trans_a, trans_b;
@@ -110,9 +111,10 @@ typedef struct {
    * (CausalAttention's fused merge); 0: none. At most OT_MERGE_COUNTERS. */
   size_t merge_counters;
   void *counters;               /* set by compute: those counters, the plan then one launch on grid; else NULL */
-  /* gemm.m > 0 with spec NULL: cuBLAS runs the node, no kernel of ours. With a spec: launch 0, then gemm and gemm2
-   * (m > 0), then the remaining launches: a fused op's steps beyond its fused kernel's rows (AddRMSNormLinear). */
-  ot_gemm gemm, gemm2;
+  /* gemms[0].m > 0 with spec NULL: cuBLAS runs the node, no kernel of ours. With a spec: launch 0, then each gemm
+   * with m > 0 in order, then the remaining launches: a fused op's steps beyond its fused kernel's rows
+   * (AddRMSNormSwiGLU: the gate's GEMM and the up's). */
+  ot_gemm gemms[OT_MAX_GEMMS];
   size_t ws_offsets[OT_MAX_WS]; /* byte offsets into the workspace of the regions ptrs[OT_PTR_WS + j] name */
 } ot_plan;
 

@@ -147,3 +147,9 @@ int ot_grid_programs(int64_t rows, int64_t block_m, int64_t batch, int64_t heads
   *programs = n;
   return 0;
 }
+
+int64_t ot_k_align(int64_t k) {
+  int64_t a = 1;
+  while (a < 4096 && k % (2 * a) == 0) a *= 2;
+  return a;
+}

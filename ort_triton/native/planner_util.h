@@ -57,6 +57,10 @@ typedef struct {
 int ot_rotary_cos(const ot_op *op, const ot_desc *in, int in_x, int in_cos, int in_sin, const double *attrs,
                   ot_rotary_shape *out, char *err, size_t err_len);
 
+/* The largest power of two dividing k, at most 4096 (ops/linear.py K_ALIGN_CAP, which ops/norm_linear.py shares): a
+ * spec that loads whole BLOCK_K tiles unmasked needs BLOCK_K to divide K (Linear's and AddRMSNorm*'s K_ALIGN key). */
+int64_t ot_k_align(int64_t k);
+
 /* storage holds OT_MAX_PARAMS 8-byte slots; parameter i gets slot i, and cuLaunchKernel reads from it as
  * many bytes as the kernel's signature says (8 for pointers, 4 for int32/float32). */
 void ot_put_param(uint64_t *slots, void **params, int i, const void *value, size_t size);

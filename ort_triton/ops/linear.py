@@ -33,7 +33,7 @@ KERNEL = Kernel(
     dispatch_keys=("k_align", "k", "n"),
 )
 
-K_ALIGN_CAP = 4096  # linear.c's k_align() stops here
+K_ALIGN_CAP = 4096  # planner_util.c's ot_k_align() stops here (ops/norm_linear.py's K_ALIGN key too)
 
 # (k range, n range, BLOCK_N, BLOCK_K, num_warps): the GEMV configs, first fit wins; a one-row shape outside
 # every range runs cuBLAS. Each gets an unmasked spec (K a multiple of BLOCK_K) and, for the same ranges, a

@@ -10,10 +10,10 @@ Why: a decode step at batch 1 runs per layer an AddRMSNorm launch, the Q/K/V GEM
 and up GEMVs and a SiluMul launch, each a few microseconds of launch and ramp for a few kilobytes of activations.
 Here each group is one launch that streams its weights once (session 22's micro: 1.30x on a layer's projections).
 
-Dispatch (ort_triton/native/norm_linear.c): at most 16 rows (decode), a spec whose key ranges fit K and N: one
-launch of the fused kernel (ort_triton/kernels/norm_linear.py, MODE 0). Otherwise the same work in steps, each what
-the library ran before this op: the norm (MODE 1) into a workspace, cuBLAS on ORT's handle for the GEMM(s) (the TN
-form, as Linear), and for SwiGLU the product (MODE 2).
+Dispatch (ort_triton/native/norm_linear.c): up to the op's fused rows (CONFIGS: a decode step's) and a spec whose
+key ranges fit K and N: one launch of the fused kernel (ort_triton/kernels/norm_linear.py, MODE 0). Otherwise the
+same work in steps, each what the library ran before this op: the norm (MODE 1) into a workspace, cuBLAS on ORT's
+handle for the GEMM(s) (the TN form, as Linear), and for SwiGLU the product (MODE 2).
 
 Dispatch keys: FUSED (1: the planner asks for the fused kernel, 0: for the steps' spec, which takes any shape),
 K_ALIGN (the largest power of two dividing K, at most 4096: a spec with BLOCK_K dividing K loads the weight
@@ -27,6 +27,7 @@ import onnx
 from onnx import helper
 
 from ..contract import ANY, IO, Attr, Kernel, OpContract, Spec
+from .linear import K_ALIGN_CAP  # the same key, computed by planner_util.c's ot_k_align
 from .rms_norm import reference_add_rms_norm, rms_norm_body
 from .swiglu import reference_silu_mul, silu_mul_body
 
@@ -42,7 +43,6 @@ KERNEL = Kernel(
 )
 
 BLOCK_M = 16  # rows of the kernel's tiles (decode at batch <= 16); the MMA's smallest N
-K_ALIGN_CAP = 4096  # norm_linear.c's k_align() stops here
 
 # Per op: (the most rows the fused kernel takes, k range, n range, BLOCK_N, BLOCK_K, num_stages, num_warps); first
 # fit wins, each also gets a masked spec (any K) for the same ranges; past those rows, or outside the ranges, the
