@@ -126,7 +126,7 @@ def bench_decoder(model: str, a: str, b: str, prefill, decode, *, dtype="float16
         if work:
             pathlib.Path(work).mkdir(parents=True, exist_ok=True)
         m = decoder.Model(model, dtype, device, pathlib.Path(work or tmp))
-        rts = {"a": decoder.ALL[a](), "b": decoder.ALL[b]()}
+        rts = {"a": decoder.runtime(a), "b": decoder.runtime(b)}
         failed = None
         for rt in rts.values():  # both, before either starts (an export and a fusion)
             reason = rt.available(m)
@@ -199,8 +199,10 @@ def _main_decoder(p: argparse.ArgumentParser, args, command: str) -> int:
     if args.decoder not in decoders.CONFIGS:
         p.error(f"unknown decoder {args.decoder!r}; known: {', '.join(decoders.CONFIGS)}")
     for name in (args.a, args.b):
-        if name not in decoder.ALL:
-            p.error(f"unknown decoder runtime {name!r}; known: {', '.join(decoder.ALL)}")
+        try:
+            decoder.runtime(name)
+        except ValueError as e:
+            p.error(f"--decoder: {e}")
     if args.dtype not in decoder.ELEM_BYTES:
         p.error(f"--dtype for decoders: one of {', '.join(decoder.ELEM_BYTES)}")
     prefill = decoder.parse(decoder.PREFILL if args.prefill is None else args.prefill)

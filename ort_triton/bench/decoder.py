@@ -558,6 +558,28 @@ ALL = {rt.name: rt for rt in (OrtRuntime, OrtOpset23, OrtOpset23CudaGraph, Onnxs
                               OrtTritonNormSwigluCudaGraph)}
 
 
+def runtime(name: str) -> OrtRuntime:
+    """The runtime a name gives: one of ALL, or an ort_triton runtime with rules that are off by default put in,
+    `BASE+RULE+RULE` (e.g. ort_triton_cuda_graph+add_rms_norm_swiglu+linear): a candidate's twin measured beside
+    its base (bench.ab) with no class written for it. Raises ValueError naming what is known."""
+    from graph_rewrites.registry import BY_NAME
+
+    base, *rules = name.split("+")
+    if base not in ALL:
+        raise ValueError(f"unknown runtime {base!r}; known: {', '.join(ALL)}")
+    cls = ALL[base]
+    if not rules:
+        return cls()
+    unknown = [r for r in rules if r not in BY_NAME]
+    if unknown:
+        raise ValueError(f"{name}: unknown rule(s) {unknown}; known: {', '.join(BY_NAME)}")
+    if not issubclass(cls, OrtTriton):
+        raise ValueError(f"{name}: +RULE goes after an ort_triton runtime, not {base}")
+    twin = type(cls.__name__ + "Plus", (cls,), dict(name=name, enable=(*cls.enable, *rules),
+                                                    file_name="+".join((cls.file_name, *rules))))
+    return twin()
+
+
 # ---- the loop -----------------------------------------------------------------------------------------
 def _counts(m: Model, phase: str, batch: int, n: int, ms: float) -> dict:
     e = ELEM_BYTES[m.dtype]
@@ -627,7 +649,7 @@ def bench(model: str, prefill, decode, runtimes, *, dtype="float16", device="cud
         log(f"float32 reference logits: {len(reference)} shape(s) ({time.time() - t0:.0f} s)")
         clock = Clock(device)
         for name in runtimes:
-            rt = ALL[name]()
+            rt = runtime(name)
             base = dict(model=model, dtype=dtype, runtime=name, gpu=gpu, versions=versions,
                         export={"exporter": "torchscript" if name.startswith("ort_optimizer") else "dynamo",
                                 "opset": 23 if "opset23" in name else None, "attn_implementation": "sdpa"})
@@ -695,7 +717,8 @@ def main(argv=None) -> None:
     p.add_argument("--model", default="llama-1b", help=f"one of {', '.join(decoders.CONFIGS)}")
     p.add_argument("--prefill", default=PREFILL, help="BxS,... prompt shapes ('' for none)")
     p.add_argument("--decode", default=DECODE, help="BxP,... cache lengths ('' for none)")
-    p.add_argument("--runtimes", default=",".join(RUNTIMES), help=f"comma-separated from {', '.join(ALL)}")
+    p.add_argument("--runtimes", default=",".join(RUNTIMES), help=f"comma-separated from {', '.join(ALL)}; "
+                   "an ort_triton runtime takes rules that are off by default as +RULE: ort_triton_cuda_graph+linear")
     p.add_argument("--dtype", choices=tuple(ELEM_BYTES), default="float16")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--warmup", type=int, default=5)
@@ -706,9 +729,11 @@ def main(argv=None) -> None:
                    "the rows: where a step's time goes")
     p.add_argument("--json", required=True)
     args = p.parse_args(argv)
-    unknown = set(args.runtimes.split(",")) - set(ALL)
-    if unknown:
-        p.error(f"unknown runtime(s) {sorted(unknown)}; known: {', '.join(ALL)}")
+    for name in args.runtimes.split(","):
+        try:
+            runtime(name)
+        except ValueError as e:
+            p.error(str(e))
     command = "python -m ort_triton.bench.decoder " + " ".join(argv if argv is not None else sys.argv[1:])
 
     def save(rows):

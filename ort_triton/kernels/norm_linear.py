@@ -24,6 +24,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .gemv import _dot, _weight_tile  # Linear's skinny product: the same loads and MMA, with a prologue here
+
 
 @triton.jit
 def _sum_tile(X, R, offs, ok, T):
@@ -61,25 +63,6 @@ def _rstd_one_row(X, R, S, K, eps, store_sum, T, BLOCK_M: tl.constexpr, ROW_BLOC
         ss += s * s
     r = tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(tl.sum(ss, axis=0), tl.full([], K, tl.float32)) + eps))
     return tl.full([BLOCK_M], 1.0, tl.float32) * r
-
-
-@triton.jit
-def _dot(w, n, acc):
-    """acc + w @ n^T; fp32 exactly (Triton's default for fp32 operands is TF32, 1e-3)."""
-    if w.dtype == tl.float32:
-        return tl.dot(w, tl.trans(n), acc, input_precision="ieee")
-    else:
-        return tl.dot(w, tl.trans(n), acc)
-
-
-@triton.jit
-def _weight_tile(ptrs, k_ok, EVEN_K: tl.constexpr):
-    """A [BLOCK_N, BLOCK_K] tile of the weight, read once: evict_first keeps L2 for the activations. Unmasked when
-    BLOCK_K divides K (the loads vectorise)."""
-    if EVEN_K:
-        return tl.load(ptrs, eviction_policy="evict_first")
-    else:
-        return tl.load(ptrs, mask=k_ok[None, :], other=0.0, eviction_policy="evict_first")
 
 
 @triton.jit

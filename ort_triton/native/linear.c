@@ -1,15 +1,16 @@
 /* linear.c: planner and kernel parameters for Linear (contract: ort_triton/ops/linear.py; kernel:
  * ort_triton/kernels/gemv.py), Y = X @ WT^T.
  * Inputs: X [..., K], WT [N, K] (the weight transposed). Output: Y [..., N].
- * One row (a decode step at batch 1): the Triton GEMV, grid (ceil(N / BLOCK_N)); spec consts = (BLOCK_N, BLOCK_K).
- * More rows, or a one-row shape no spec serves: cuBLAS on ORT's handle, Y^T = WT X^T in column-major terms. */
+ * Up to 16 rows (a decode step) and a spec whose key ranges fit: the Triton kernel (the register GEMV or the skinny
+ * tl.dot product, as the spec says), grid (ceil(N / BLOCK_N)); spec consts = (BLOCK_N, BLOCK_K).
+ * More rows, or a shape no spec serves: cuBLAS on ORT's handle, Y^T = WT X^T in column-major terms. */
 #include <stdio.h>
 
 #include "ot_table.h"
 #include "planner_util.h"
 
 enum { IN_X, IN_WT, N_INPUTS };
-enum { KEY_K_ALIGN, KEY_K, KEY_N, N_KEYS }; /* dispatch keys, in contract order */
+enum { KEY_ROWS, KEY_K_ALIGN, KEY_K, KEY_N, N_KEYS }; /* dispatch keys, in contract order */
 enum { CONST_BLOCK_N, CONST_BLOCK_K };      /* meaning of ot_spec.consts */
 
 int ot_linear_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_outputs, const double *attrs,
@@ -45,8 +46,8 @@ int ot_linear_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_outpu
     plan->grid[0] = 0;
     return 0;
   }
-  if (rows == 1) {
-    const int64_t keys[N_KEYS] = {ot_k_align(k), k, n};
+  {
+    const int64_t keys[N_KEYS] = {rows, ot_k_align(k), k, n};
     const ot_spec *spec = ot_find_spec(op, keys, N_KEYS, plan->arch);
     if (spec && spec->consts[CONST_BLOCK_N] >= 1 && spec->consts[CONST_BLOCK_K] >= 1) {
       const int64_t block = spec->consts[CONST_BLOCK_N];
@@ -65,10 +66,12 @@ int ot_linear_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_outpu
 int ot_linear_params(const ot_op *op, const ot_plan *plan, const ot_desc *in, void *const *ptrs, const double *attrs,
                      void *storage, void **params) {
   (void)op, (void)plan, (void)attrs;
-  const int32_t n = (int32_t)in[IN_WT].dims[0], k = (int32_t)in[IN_WT].dims[1]; /* the plan checked they fit */
+  /* the plan checked they fit: N and K, and the rows with X */
+  const int32_t m = (int32_t)ot_row_count(&in[IN_X]), n = (int32_t)in[IN_WT].dims[0], k = (int32_t)in[IN_WT].dims[1];
   uint64_t *slot = storage;
   int i = 0;
   for (int p = 0; p < 3; p++) ot_put_param(slot, params, i++, &ptrs[p], sizeof ptrs[p]); /* X, WT, Y */
+  ot_put_param(slot, params, i++, &m, sizeof m);
   ot_put_param(slot, params, i++, &n, sizeof n);
   ot_put_param(slot, params, i++, &k, sizeof k);
   return i;

@@ -8,12 +8,13 @@ Held transposed, a weight's rows are what one output column needs, contiguous, s
 rows with no partial sums to combine (ort_triton/kernels/gemv.py). The rewrite (graph_rewrites/linear.py)
 stores the constant so; a tied LM head (MatMul(x, Transpose(E))) already is.
 
-Dispatch (ort_triton/native/linear.c): one row of X (the product of its leading dims is 1) -> the Triton GEMV
-with the spec the shape's keys pick; more rows, or a one-row shape no spec serves -> cuBLAS on ORT's handle for
-the node's stream (the TN GEMM, fp32 accumulation), the GEMM ORT's MatMul runs.
+Dispatch (ort_triton/native/linear.c): up to 16 rows of X (the product of its leading dims: a decode step) -> the
+Triton kernel with the spec the shape's keys pick, the register GEMV or the tl.dot "skinny" product
+(ort_triton/kernels/gemv.py); more rows, or a shape no spec serves -> cuBLAS on ORT's handle for the node's stream
+(the TN GEMM, fp32 accumulation), the GEMM ORT's MatMul runs.
 
-Dispatch keys: K_ALIGN (the largest power of two dividing K, at most 4096: a spec whose BLOCK_K divides K loads
-unmasked), K, N. Rounding: one, of the fp32 sum, to the element type (as cuBLAS).
+Dispatch keys: ROWS, K_ALIGN (the largest power of two dividing K, at most 4096: a spec whose BLOCK_K divides K
+loads unmasked), K, N. Rounding: one, of the fp32 sum, to the element type (as cuBLAS).
 """
 
 from __future__ import annotations
@@ -22,44 +23,53 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from ..contract import IO, Kernel, OpContract, Spec
+from ..contract import ANY, IO, Kernel, OpContract, Spec
 
 KERNEL = Kernel(
     module="ort_triton.kernels.gemv",
     fn_name="gemv_fwd",
-    signature={"X": "*{T}", "WT": "*{T}", "Y": "*{T}", "N": "i32", "K": "i32"},
+    signature={"X": "*{T}", "WT": "*{T}", "Y": "*{T}", "M": "i32", "N": "i32", "K": "i32"},
     native_plan="ot_linear_plan",
     native_params="ot_linear_params",
-    dispatch_keys=("k_align", "k", "n"),
+    dispatch_keys=("rows", "k_align", "k", "n"),
 )
 
 K_ALIGN_CAP = 4096  # planner_util.c's ot_k_align() stops here (ops/norm_linear.py's K_ALIGN key too)
+BLOCK_M = 16  # the skinny product's rows (the MMA's smallest N): up to 16 rows run a kernel of ours
 
-# (k range, n range, BLOCK_N, BLOCK_K, num_warps): the GEMV configs, first fit wins; a one-row shape outside
-# every range runs cuBLAS. Each gets an unmasked spec (K a multiple of BLOCK_K) and, for the same ranges, a
-# masked one with BLOCK_K = MASKED_BLOCK_K.
-# Session 23 on the H100 (bench/results/README.md): every one-row shape on the GEMV was 0.968x at Llama-1B's
-# decode 1x1024; alone it beat cuBLAS at GPT-2 small's shapes (1.2-2.4x) and Llama's o-projection (1.16x), and
-# lost where the weight is large (Llama's qkv, gate, up, down, lm_head: 0.60-0.90x). So the GEMV takes the
-# small weights only, until a better kernel (the fused norm and SwiGLU of scripts/decode_linear_micro.py) wins.
+# (dot, most rows, k range, n range, BLOCK_N, BLOCK_K, num_stages), num_warps 4: first fit wins; a shape outside
+# every range runs cuBLAS. Each gets an unmasked spec (K a multiple of BLOCK_K) and after it, for the same ranges, a
+# masked one (the GEMV's BLOCK_K = MASKED_BLOCK_K). From scripts/gemv_chain_sweep.py (session 24, H200: chains of
+# distinct weights, each read from HBM as in a model), against cuBLAS as ORT's MatMul runs it:
+# - the register GEMV, one row, K long against N: Llama-1B's o 1.14x, down 1.11x, GPT-2's mlp.c_proj 1.95x; and
+#   GPT-2's other projections (session 23, H100: 1.24-1.69x, 1.081x on its decode step);
+# - the skinny product everywhere else up to 16 rows: Llama's packed Q/K/V 1.03x, gate or up 1.11x, lm_head 1.03x;
+#   at 16 rows 1.01-1.19x (down 1.02x).
 CONFIGS = (
-    ((1, 1024), (1, 4096), 2, 1024, 4),
-    ((1, 4096), (1, 2048), 2, 1024, 4),
+    (False, 1, (1, 1024), (1, 4096), 2, 1024, 1),
+    (False, 1, (1, 8192), (1, 2048), 2, 1024, 1),
+    (True, BLOCK_M, (1, ANY), (1, 4096), 32, 256, 4),
+    (True, BLOCK_M, (1, ANY), (4097, ANY), 64, 128, 4),
 )
-MASKED_BLOCK_K = 256
+MASKED_BLOCK_K = 256  # the register GEMV's masked specs (the skinny ones keep theirs: a masked tile is a tile)
+FP32_BLOCK_K = 64  # the skinny product's fp32 tiles: twice the bytes, and sm_80-89's shared memory
+PRE_HOPPER_STAGES = 2  # sm_80-89: 100-164 KB of shared memory, not Hopper's 228
 
 
-def _specs(_type_name: str) -> list[Spec]:
-    specs = []
-    for k_range, n_range, block_n, block_k, warps in CONFIGS:
-        specs.append(Spec(constexprs={"BLOCK_N": block_n, "BLOCK_K": block_k, "EVEN_K": 1}, num_warps=warps,
-                          keys=((block_k, K_ALIGN_CAP), k_range, n_range), consts=(block_n, block_k),
-                          divisible_by_16=("X", "WT", "Y", "K")))
-    for k_range, n_range, block_n, _, warps in CONFIGS:
-        specs.append(Spec(constexprs={"BLOCK_N": block_n, "BLOCK_K": MASKED_BLOCK_K, "EVEN_K": 0}, num_warps=warps,
-                          keys=((1, K_ALIGN_CAP), k_range, n_range), consts=(block_n, MASKED_BLOCK_K),
-                          divisible_by_16=("X", "WT", "Y")))
-    return specs
+def _specs(type_name: str) -> list[Spec]:
+    def spec(dot, rows, k_range, n_range, block_n, block_k, stages, even):
+        if not even and not dot:
+            block_k = MASKED_BLOCK_K
+        if dot and type_name == "float":
+            block_k = min(block_k, FP32_BLOCK_K)
+        return Spec(constexprs={"BLOCK_N": block_n, "BLOCK_K": block_k, "EVEN_K": int(even), "DOT": int(dot),
+                                "BLOCK_M": BLOCK_M},
+                    num_warps=4, num_stages=stages, pre_hopper=(4, min(stages, PRE_HOPPER_STAGES)),
+                    keys=((1, rows), (block_k if even else 1, K_ALIGN_CAP), k_range, n_range),
+                    consts=(block_n, block_k), divisible_by_16=("X", "WT", "Y") + (("K",) if even else ()))
+
+    # each config's unmasked spec, then its masked one: the first config that fits serves, masked or not
+    return [spec(*c, even) for c in CONFIGS for even in (True, False)]
 
 
 def reference_linear(x, wt):

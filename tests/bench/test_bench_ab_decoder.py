@@ -79,7 +79,8 @@ def test_what_a_runtime_cannot_run_is_a_row():
 
 def test_cli_arguments_are_checked(capsys):
     for argv, message in (
-            (["--decoder", "llama-tiny", "--a", "no_such_runtime"], "unknown decoder runtime"),
+            (["--decoder", "llama-tiny", "--a", "no_such_runtime"], "unknown runtime 'no_such_runtime'"),
+            (["--decoder", "llama-tiny", "--b", "ort_triton+no_such_rule"], "unknown rule(s) ['no_such_rule']"),
             (["--decoder", "no_such_model"], "unknown decoder"),
             (["--decoder", "llama-tiny", "--shapes", "1x16"], "with --decoder give --prefill and --decode"),
             (["--decoder", "llama-tiny", "--prefill", "", "--decode", ""], "no shapes"),

@@ -3,6 +3,8 @@ run here gives a row per shape with times and the step's counts, each runtime's 
 compared with the float32 module's, and a runtime that cannot run (CUDA graphs on the CPU) or a shape longer
 than the model's positions is a skipped row with the reason."""
 
+import re
+
 import pytest
 
 from ort_triton.bench import decoder
@@ -65,6 +67,21 @@ def test_the_fused_model_is_keyed_by_its_rules(monkeypatch):
     monkeypatch.setattr(registry, "RULES", tuple(dataclasses.replace(r, default=False) if r.name == "qkv_cache"
                                                  else r for r in registry.RULES))
     assert ours.key() != before
+
+
+def test_plus_rule_names_a_twin_with_the_rules_put_in():
+    """BASE+RULE+RULE: an ort_triton runtime with rules that are off by default put in, on a fused model of its own
+    (its key differs from the base's and names the rules); anything else is refused, naming what is known."""
+    base = decoder.ALL["ort_triton_cuda_graph"]()
+    twin = decoder.runtime("ort_triton_cuda_graph+add_rms_norm_swiglu+linear")
+    assert twin.name == "ort_triton_cuda_graph+add_rms_norm_swiglu+linear" and twin.cuda_graph
+    assert twin.enable == ("add_rms_norm_swiglu", "linear")
+    assert twin.key().startswith("ort_triton+add_rms_norm_swiglu+linear-") and twin.key() != base.key()
+    assert type(decoder.runtime("ort_triton_cuda_graph")) is type(base)
+    for name, message in (("nope", "unknown runtime 'nope'"), ("ort_triton+nope", "unknown rule(s) ['nope']"),
+                          ("ort_stock+linear", "after an ort_triton runtime")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            decoder.runtime(name)
 
 
 def test_ort_runtimes_on_the_per_shape_model(tmp_path):

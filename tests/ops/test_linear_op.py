@@ -1,7 +1,7 @@
-"""Linear (ort_triton/ops/linear.py): the one-row GEMV against the float64 reference under the interpreter on CPU
-(poisoned outputs; K a multiple of BLOCK_K and not, N not a multiple of BLOCK_N), the function body at every
-opset, the native planner (GEMV at one row, cuBLAS beyond, the refusals), and on the GPU both paths through ORT's
-CUDA EP, CUDA-graph capture included."""
+"""Linear (ort_triton/ops/linear.py): the one-row register GEMV and the 1-16-row skinny product against the float64
+reference under the interpreter on CPU (poisoned outputs; K a multiple of BLOCK_K and not, N not a multiple of
+BLOCK_N), the function body at every opset, the native planner (ours up to 16 rows, the first config that fits;
+cuBLAS beyond; the refusals), and on the GPU every path through ORT's CUDA EP, CUDA-graph capture included."""
 
 import os
 
@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 
 from ort_triton.contract import DOMAIN
 from ort_triton.kernels.gemv import gemv
-from ort_triton.ops.linear import CONFIGS, LINEAR, MASKED_BLOCK_K, reference_linear
+from ort_triton.ops.linear import BLOCK_M, CONFIGS, LINEAR, MASKED_BLOCK_K, reference_linear
 from tests.native_hooks import FLOAT, FLOAT16, load, plan_attrs, plan_fields
 
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
@@ -40,9 +40,28 @@ def test_gemv_matches_reference(dtype, n, k, block_n, block_k):
     assert _err(got, want.reshape(-1)) < TOL[dtype]
 
 
+@pytest.mark.parametrize("dtype", list(TOL))
+@pytest.mark.parametrize("m, n, k, block_n, block_k, stages", [
+    (1, 1, 1, 16, 16, 1), (1, 37, 100, 16, 32, 2), (2, 33, 64, 32, 32, 3), (5, 70, 96, 32, 64, 2),
+    (16, 64, 256, 32, 64, 3), (9, 17, 33, 16, 16, 1), (3, 40, 512, 16, 128, 4)], ids=str)
+def test_skinny_matches_reference(dtype, m, n, k, block_n, block_k, stages):
+    """The tl.dot family: 1-16 rows (padded to 16 inside), N past the last program's columns, K masked or not."""
+    gen = torch.Generator().manual_seed(m * 100000 + n * 1000 + k)
+    x = torch.randn(m, k, generator=gen, dtype=torch.float64).to(dtype).to(DEVICE)
+    wt = torch.randn(n, k, generator=gen, dtype=torch.float64).to(dtype).to(DEVICE)
+    y = torch.full((m, n), float("nan"), dtype=dtype, device=DEVICE)
+    gemv(x, wt, y, block_n=block_n, block_k=block_k, num_stages=stages, dot=True)
+    (want,) = reference_linear(x.double().cpu().numpy(), wt.double().cpu().numpy())
+    got = y.double().cpu().numpy()
+    assert np.isfinite(got).all(), "unwritten outputs"
+    assert _err(got, want) < TOL[dtype]
+
+
 def test_gemv_rejects_a_mismatched_row():
-    with pytest.raises(ValueError, match="elements"):
+    with pytest.raises(ValueError, match="9 elements; one row"):
         gemv(torch.zeros(1, 8, device=DEVICE), torch.zeros(4, 9, device=DEVICE))
+    with pytest.raises(ValueError, match="up to 16 rows"):
+        gemv(torch.zeros(17, 8, device=DEVICE), torch.zeros(4, 8, device=DEVICE), dot=True)
 
 
 @pytest.mark.parametrize("opset", [15, 17, 20, 23])
@@ -67,25 +86,33 @@ def lib(native_library):
     return load(native_library)
 
 
-@pytest.mark.parametrize("x, n", [((1, 1, 2048), 2048), ((1, 768), 3072), ((2048,), 8), ((1, 1, 100), 7),
-                                  ((1, 3072), 768)])
-def test_one_row_runs_the_gemv(lib, x, n):
+def _first_fit(rows, k, n):
+    """CONFIGS' first entry whose ranges hold the shape: (dot, BLOCK_N, unmasked BLOCK_K)."""
+    return next((dot, bn, bk) for dot, most, (k0, k1), (n0, n1), bn, bk, _ in CONFIGS
+                if rows <= most and k0 <= k <= k1 and n0 <= n <= n1)
+
+
+@pytest.mark.parametrize("x, n", [
+    ((1, 1, 2048), 2048), ((1, 768), 3072), ((2048,), 8), ((1, 1, 100), 7), ((1, 3072), 768), ((1, 8192), 2048),
+    # one row by a wide weight (Llama-1B's qkv, gate, lm_head), 2-16 rows by any: the skinny product
+    ((1, 1, 2048), 3072), ((1, 2048), 8192), ((1, 2048), 32000), ((1, 2, 2048), 3072), ((16, 1, 64), 8),
+    ((3, 5, 7), 9), ((4, 8192), 2048), ((1, 9000), 5000)])
+def test_up_to_16_rows_run_ours(lib, x, n):
     f = plan_fields(lib, "Linear", [x, (n, x[-1])], 1, [])
-    k = x[-1]
+    k, rows = x[-1], int(np.prod(x[:-1]))
     spec = LINEAR.specializations("float16")[int(f["spec"])]
     block_n, block_k = spec.consts
     assert f["kernel"].startswith("gemv_fwd")
     assert int(f["grid"].split(",")[0]) == -(-n // block_n)
+    dot, want_block_n, unmasked = _first_fit(rows, k, n)
+    assert (spec.constexprs["DOT"], block_n) == (int(dot), want_block_n)
     # unmasked only where BLOCK_K divides K, else the masked spec of the same ranges
-    unmasked = [c[3] for c in CONFIGS if c[0][0] <= k <= c[0][1] and c[1][0] <= n <= c[1][1]][0]
     assert spec.constexprs["EVEN_K"] == int(k % unmasked == 0)
-    assert block_k == (unmasked if k % unmasked == 0 else MASKED_BLOCK_K)
+    assert block_k == (unmasked if k % unmasked == 0 or dot else MASKED_BLOCK_K)
     assert f["out0"] == "[" + ",".join(map(str, (*x[:-1], n))) + "]"
 
 
-@pytest.mark.parametrize("x, n", [((1, 2, 2048), 3072), ((16, 1, 64), 8), ((3, 5, 7), 9),
-                                  # one row by a weight no GEMV spec serves (Llama-1B's qkv, lm_head, down)
-                                  ((1, 1, 2048), 3072), ((1, 2048), 32000), ((1, 8192), 2048)])
+@pytest.mark.parametrize("x, n", [((17, 2048), 3072), ((1, 17, 64), 8), ((3, 6, 7), 9), ((64, 1, 2048), 2048)])
 def test_more_rows_run_cublas(lib, x, n):
     f = plan_fields(lib, "Linear", [x, (n, x[-1])], 1, [])
     rows = int(np.prod(x[:-1]))
@@ -112,10 +139,14 @@ def test_plan_refusals_name_the_input(lib, shapes, match):
 
 
 def test_every_config_range_is_served(lib):
-    """CONFIGS' first fit: the specs' key ranges as built, unmasked ones first."""
+    """CONFIGS' first fit: the specs' key ranges as built, each config unmasked then masked; any K, N up to 16
+    rows."""
     specs = LINEAR.specializations("float16")
     assert len(specs) == 2 * len(CONFIGS)
-    assert [s.constexprs["EVEN_K"] for s in specs] == [1] * len(CONFIGS) + [0] * len(CONFIGS)
+    assert [s.constexprs["EVEN_K"] for s in specs] == [1, 0] * len(CONFIGS)
+    assert all(s.constexprs["BLOCK_M"] == BLOCK_M and s.keys[0][0] == 1 for s in specs)
+    for rows, k, n in ((1, 1, 1), (16, 1, 1), (16, 100003, 70001), (1, 65536, 3)):
+        assert _first_fit(rows, k, n)
 
 
 # ---- on the GPU, through ORT's CUDA EP -----------------------------------------------------------------------
@@ -136,9 +167,11 @@ def _typed_model(x_shape, n, type_name, wt):
 @pytest.mark.parametrize("type_name, torch_dtype", [("float", torch.float32), ("float16", torch.float16),
                                                     ("bfloat16", torch.bfloat16)])
 @pytest.mark.parametrize("x_shape, n", [((1, 1, 2048), 3072), ((1, 8192), 2048), ((1, 1, 100), 37), ((1, 768), 50264),
-                                        ((2, 1, 2048), 2048), ((4, 7, 96), 33), ((1, 1), 1)], ids=str)
+                                        ((2, 1, 2048), 2048), ((16, 2048), 8192), ((3, 100), 37), ((4, 7, 96), 33),
+                                        ((1, 1), 1)], ids=str)
 def test_cuda_ep_runs_linear(gpu_library, x_shape, n, type_name, torch_dtype):
-    """One row runs the GEMV, more rows cuBLAS on ORT's handle; each counts as one run of ours."""
+    """One row runs the GEMV or the skinny product, 2-16 rows the skinny product, more rows cuBLAS on ORT's handle;
+    each counts as one run of ours."""
     from ort_triton.runtime import launch_count, make_session
 
     rng = np.random.default_rng(n + x_shape[-1])
@@ -154,9 +187,10 @@ def test_cuda_ep_runs_linear(gpu_library, x_shape, n, type_name, torch_dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows", [1, 3])
-def test_cuda_graph_captures_both_paths(gpu_library, rows):
-    """ORT's CUDA graph captures the GEMV and the cuBLAS GEMM alike, and replays give fresh inputs' results."""
+@pytest.mark.parametrize("rows", [1, 3, 20])
+def test_cuda_graph_captures_every_path(gpu_library, rows):
+    """ORT's CUDA graph captures the GEMV, the skinny product and the cuBLAS GEMM alike, and replays give fresh
+    inputs' results."""
     from ort_triton.runtime import make_session
 
     rng = np.random.default_rng(rows)
@@ -181,4 +215,7 @@ def test_cuda_graph_captures_both_paths(gpu_library, rows):
 
 def test_fp32_plan(lib):
     assert plan_fields(lib, "Linear", [(1, 64), (8, 64)], 1, [], elem_type=FLOAT)["kernel"].startswith("gemv_fwd")
-    assert plan_fields(lib, "Linear", [(2, 64), (8, 64)], 1, [], elem_type=FLOAT16)["kernel"] == "cublasGemmEx"
+    assert plan_fields(lib, "Linear", [(17, 64), (8, 64)], 1, [], elem_type=FLOAT16)["kernel"] == "cublasGemmEx"
+    spec = LINEAR.specializations("float")[int(plan_fields(lib, "Linear", [(2, 64), (8, 64)], 1, [],
+                                                           elem_type=FLOAT)["spec"])]
+    assert spec.constexprs["DOT"] == 1 and spec.consts[1] == 64  # fp32 tiles: half the bytes of K
