@@ -3,8 +3,8 @@
     MatMul(x [..., K], W [K, N])             ->  Linear(x, W^T [N, K])      (W^T a new constant; W dropped)
     MatMul(x [..., K], Transpose(C [N, K]))  ->  Linear(x, C)               (a tied LM head: C as it is)
 
-Why: a decode step at batch 1 is one row times every weight, and Linear runs it as a Triton GEMV that streams
-the weight's rows (ort_triton/kernels/gemv.py); with more rows it runs the cuBLAS GEMM ORT's MatMul runs.
+Why: a decode step is a few rows times every weight, and Linear runs up to 16 rows through Triton kernels that
+stream the weight's rows (ort_triton/kernels/gemv.py); with more rows it runs the cuBLAS GEMM ORT's MatMul runs.
 
 Why it is exact: the same dot products over the same K terms, accumulated in fp32 and rounded once, as cuBLAS
 does (the order of the sum differs). The Transpose form needs perm [1, 0] (or none: for two dims the default

@@ -164,7 +164,7 @@ RULES: tuple[RuleInfo, ...] = (
              lambda: [nl.AddRMSNormSwiGLURule.rule("add_rms_norm_swiglu")], default=False),
     # Last of all: every rule that reads a MatMul has run (padded_weight's padded weight is taken as padded).
     RuleInfo("linear", "MatMul(x, W [K, N]) or MatMul(x, Transpose(C [N, K])), W or C constant -> Linear(x, W^T "
-             "or C): a GEMV of ours at one row, cuBLAS beyond", 14,
+             "or C): a GEMV or skinny tl.dot product of ours up to 16 rows, cuBLAS beyond", 14,
              lambda: [lin.LinearOfTransposeRule.rule("linear"), lin.LinearRule.rule("linear")], default=False),
 )
 BY_NAME = {r.name: r for r in RULES}

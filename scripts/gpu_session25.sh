@@ -7,6 +7,8 @@
 #   ab       MODELS' (default llama-1b) prefill and decode through ORT with CUDA graphs, A (default
 #            ort_triton_cuda_graph) against B (default A+add_rms_norm_swiglu: rules off by default put in as +RULE),
 #            alternating rounds; B/A > 1 is B's gain. JSON in $OUT/ab_${TAG:-b}_MODEL.json.
+#   decoder  one bench.decoder run over RUNTIMES (default A, A+add_rms_norm_swiglu, that +linear) side by side,
+#            PREFILL / DECODE shapes: $OUT/decoder_llama-1b.json.
 #   profile  where a Llama-1B decode step's GPU time goes, kernel by kernel (CUPTI), for PROFILE_RUNTIMES (default
 #            A and B above): $OUT/profile_llama-1b_decode.json and the top kernels printed.
 source "$(dirname "$0")/gpu_env.sh"
@@ -24,6 +26,10 @@ for step in ${STEPS:-tests ab}; do
         --prefill "${PREFILL-1x512}" --decode "${DECODE:-1x1024,16x1024}" --rounds "${ROUNDS:-3}" \
         --iters "${ITERS:-20}" --work build/decoder_work --json "$OUT/ab_${TAG:-b}_$model.json" 2>&1 | filter | tail -20
     done ;;
+  decoder)
+    timeout "${DECODER_TIMEOUT:-480}" python3 -m ort_triton.bench.decoder --model llama-1b --prefill "${PREFILL-1x512}" \
+      --decode "${DECODE:-1x1024,16x1024}" --runtimes "${RUNTIMES:-$A,$A+add_rms_norm_swiglu,$A+add_rms_norm_swiglu+linear}" \
+      --iters "${ITERS:-30}" --work build/decoder_work --json "$OUT/decoder_llama-1b.json" 2>&1 | filter | tail -24 ;;
   profile)
     timeout "${PROFILE_TIMEOUT:-200}" python3 -m ort_triton.bench.decoder --model llama-1b --prefill '' \
       --decode "${PROFILE_DECODE:-1x1024}" --runtimes "${PROFILE_RUNTIMES:-$A,$B}" --iters 20 \

@@ -457,8 +457,8 @@ class OrtTritonNoQkvCacheCudaGraph(OrtTritonNoQkvCacheStatic):
 
 class OrtTritonLinearStatic(OrtTritonStatic):
     """ort_triton_static with linear (off by default: it loses on encoders): every MatMul by a constant weight as
-    Linear, a Triton GEMV at one row and cuBLAS beyond. Beside ort_triton_static (bench.ab) it measures what the
-    rule buys. Opt-in, as is its CUDA-graph twin."""
+    Linear, a Triton GEMV or skinny product up to 16 rows, cuBLAS beyond. Beside ort_triton_static (bench.ab) it
+    measures what the rule buys. Opt-in, as is its CUDA-graph twin."""
 
     name, file_name, enable = "ort_triton_linear_static", "ort_triton_linear", ("linear",)
 
