@@ -136,6 +136,12 @@ class Kernel:
     native_plan: str  # C symbols in ort_triton/native, see ot_table.h
     native_params: str
     dispatch_keys: tuple[str, ...]  # names of the keys, in the order the native planner computes them
+    # Programmatic dependent launch: the kernel takes a `PDL: tl.constexpr` (0 in the torch entry points) and, with
+    # PDL = 1, runs gdc_wait before it reads or writes anything an earlier kernel may touch (only constants, the
+    # weights, before it) and lets the next kernel start early (gdc_launch_dependents). The AOT build sets PDL = 1 for
+    # sm_90 and later (griddepcontrol is Hopper's); the native launcher then launches it with
+    # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, so it may start while the kernel before it finishes.
+    pdl: bool = False
 
     @property
     def fn(self):

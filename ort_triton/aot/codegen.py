@@ -69,7 +69,8 @@ def generate(ops: list[tuple[OpContract, str]], specs: dict, compiled: dict, arc
             for arch in spec_archs:
                 comp = compiled[(op.name, type_name, si, arch)]
                 sym, size = image_symbol(comp)
-                images.append(f"{{{arch}, {sym}, {size}u, {comp.shared}u, {comp.num_warps}u, {comp.global_scratch}u}}")
+                images.append(f"{{{arch}, {sym}, {size}u, {comp.shared}u, {comp.num_warps}u, {comp.global_scratch}u, "
+                              f"{comp.pdl}u}}")
             if len(images) > MAX_ARCHS or len(spec.keys) > MAX_KEYS or len(spec.consts) > MAX_CONSTS:
                 raise ValueError(f"{op.name}: spec {si} exceeds the native table's limits")
             kernel_name = compiled[(op.name, type_name, si, spec_archs[0])].kernel_name

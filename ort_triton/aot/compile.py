@@ -24,6 +24,7 @@ import tempfile
 from ..contract import OpContract, Spec
 
 TRITON_TYPES = {"float": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+PDL_MIN_ARCH = 90  # griddepcontrol (programmatic dependent launch) is sm_90's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,10 +35,18 @@ class Job:
     spec: Spec
     arch: int
 
+    @property
+    def pdl(self) -> int:
+        """1 where the kernel runs programmatic dependent launch (contract.Kernel.pdl): sm_90 and later."""
+        return int(self.op.kernel.pdl and self.arch >= PDL_MIN_ARCH)
+
+    def constexprs(self) -> dict:
+        return dict(self.spec.constexprs, **({"PDL": self.pdl} if self.op.kernel.pdl else {}))
+
     def signature(self) -> dict[str, str]:
         t = TRITON_TYPES[self.type_name]
         sig = {k: v.replace("{T}", t) for k, v in self.op.kernel.signature.items()}
-        sig.update({k: "constexpr" for k in self.spec.constexprs})
+        sig.update({k: "constexpr" for k in self.constexprs()})
         return sig
 
     def cache_key(self) -> str:
@@ -46,7 +55,7 @@ class Job:
         blob = json.dumps({
             "fn": source_key(self.op.kernel.fn),
             "sig": self.signature(),
-            "constexprs": self.spec.constexprs,
+            "constexprs": self.constexprs(),
             "div16": self.spec.divisible_by_16,
             "launch": self.spec.launch(self.arch),
             "maxnreg": self.spec.maxnreg,
@@ -84,6 +93,7 @@ class Compiled:
     # Triton's global scratch, bytes a program (0 for most kernels): tensor descriptors made on the device live
     # there (the warp-specialised attention's). The native launcher allocates it from ORT's arena.
     global_scratch: int = 0
+    pdl: int = 0  # 1: compiled with PDL = 1, launched with programmatic stream serialization (Job.pdl)
 
 
 def compile_job(job: Job, cache_dir: pathlib.Path) -> Compiled:
@@ -91,7 +101,8 @@ def compile_job(job: Job, cache_dir: pathlib.Path) -> Compiled:
     cubin, meta_path = cache_dir / f"{key}.cubin", cache_dir / f"{key}.json"
     if cubin.exists() and meta_path.exists():
         meta = json.loads(meta_path.read_text())
-        return Compiled(meta["name"], cubin, meta["shared"], meta["num_warps"], meta.get("global_scratch", 0))
+        return Compiled(meta["name"], cubin, meta["shared"], meta["num_warps"], meta.get("global_scratch", 0),
+                        job.pdl)
 
     import triton
     from triton.backends.compiler import GPUTarget
@@ -99,7 +110,7 @@ def compile_job(job: Job, cache_dir: pathlib.Path) -> Compiled:
 
     fn = job.op.kernel.fn
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in job.spec.divisible_by_16}
-    src = ASTSource(fn, job.signature(), constexprs=dict(job.spec.constexprs), attrs=attrs)
+    src = ASTSource(fn, job.signature(), constexprs=job.constexprs(), attrs=attrs)
     warps, stages = job.spec.launch(job.arch)
     options = {"num_warps": warps, "num_stages": stages}
     if job.spec.maxnreg is not None:
@@ -120,7 +131,7 @@ def compile_job(job: Job, cache_dir: pathlib.Path) -> Compiled:
     cache_dir.mkdir(parents=True, exist_ok=True)
     _atomic_write(cubin, k.asm["cubin"])
     _atomic_write(meta_path, json.dumps(meta).encode())
-    return Compiled(meta["name"], cubin, meta["shared"], meta["num_warps"], meta["global_scratch"])
+    return Compiled(meta["name"], cubin, meta["shared"], meta["num_warps"], meta["global_scratch"], job.pdl)
 
 
 def _atomic_write(path: pathlib.Path, data: bytes) -> None:

@@ -26,6 +26,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .pdl import pdl_start
+
 
 @triton.jit
 def _dot(w, x, acc):
@@ -73,10 +75,11 @@ def _register_gemv(X, w_rows, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, E
 
 @triton.jit
 def gemv_fwd(X, WT, Y, M, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-             DOT: tl.constexpr, BLOCK_M: tl.constexpr):
+             DOT: tl.constexpr, BLOCK_M: tl.constexpr, PDL: tl.constexpr = 0):
     pid = tl.program_id(0)
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     w_rows = WT + tl.minimum(cols, N - 1).to(tl.int64)[:, None] * K  # clamped: always a valid row of WT
+    pdl_start(PDL)
     if DOT:
         rows = tl.arange(0, BLOCK_M)
         m_ok = rows < M

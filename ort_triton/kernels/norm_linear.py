@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from .gemv import _dot, _weight_tile  # Linear's skinny product: the same loads and MMA, with a prologue here
+from .pdl import pdl_start
 
 
 @triton.jit
@@ -75,10 +76,11 @@ def _silu_mul(g, u):
 def norm_linear_fwd(
     X, R, G, WT, WT2, Y, S, NB, GB, UB, M, N, K, eps, store_sum, MODE,
     SWIGLU: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, ROW_BLOCK: tl.constexpr,
+    BLOCK_K: tl.constexpr, ROW_BLOCK: tl.constexpr, PDL: tl.constexpr = 0,
 ):
     T = Y.dtype.element_ty
     pid = tl.program_id(0)
+    pdl_start(PDL)
     ks = tl.arange(0, BLOCK_K)
     if MODE == 0:
         rows = tl.arange(0, BLOCK_M)

@@ -26,6 +26,26 @@ enum {
   CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8,
 };
 
+/* cuLaunchKernelEx's configuration (CUDA 12.0 on), for programmatic dependent launch: a kernel whose image says
+ * pdl may start while the kernel before it in the stream finishes, and runs griddepcontrol.wait before it touches
+ * what that kernel writes (contract.Kernel.pdl). Layouts as in cuda.h: the attribute value is a 64-byte union. */
+enum { CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6 };
+typedef struct {
+  int id;
+  char pad[8 - sizeof(int)];
+  union {
+    char pad[64];
+    int programmatic_stream_serialization_allowed;
+  } value;
+} CUlaunchAttribute;
+typedef struct {
+  unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_bytes;
+  CUstream stream;
+  CUlaunchAttribute *attrs;
+  unsigned num_attrs;
+} CUlaunchConfig;
+typedef CUresult (*cu_launch_kernel_ex)(const CUlaunchConfig *config, CUfunction fn, void **params, void **extra);
+
 /* Launches with more dynamic shared memory than this must opt in per function. */
 #define OT_DEFAULT_SHARED_LIMIT (48u * 1024u)
 
@@ -67,6 +87,9 @@ static const struct {
 
 static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
 static char driver_error[512]; /* set once by load_driver; empty when the driver is usable */
+/* cuLaunchKernelEx where the driver has it and ORT_TRITON_PDL is not "0" (set by load_driver); NULL: every kernel
+ * launches with cuLaunchKernel, and griddepcontrol.wait returns at once. */
+static cu_launch_kernel_ex launch_ex;
 
 static void load_driver(void) {
   void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -87,6 +110,11 @@ static void load_driver(void) {
       return;
     }
     memcpy((char *)&cu + cu_symbols[i].offset, &fn, sizeof fn); /* POSIX: data and function pointers agree */
+  }
+  const char *pdl = getenv("ORT_TRITON_PDL");
+  if (!pdl || strcmp(pdl, "0") != 0) {
+    void *fn = dlsym(lib, "cuLaunchKernelEx");
+    memcpy(&launch_ex, &fn, sizeof fn);
   }
   CUresult r = cu.cuInit(0);
   if (r != CUDA_SUCCESS) {
@@ -194,8 +222,19 @@ static int launch_current(CUcontext ctx, const ot_spec *spec, const unsigned gri
   CUfunction fn;
   if (get_function(ctx, image, spec->kernel_name, &fn, err, err_len)) return 1;
 
-  CUresult r = cu.cuLaunchKernel(fn, grid[0], grid[1], grid[2], 32u * image->num_warps, 1, 1, image->shared_bytes, stream,
-                                 params, NULL);
+  const unsigned block = 32u * image->num_warps;
+  if (image->pdl && launch_ex) {
+    CUlaunchAttribute attr;
+    memset(&attr, 0, sizeof attr);
+    attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmatic_stream_serialization_allowed = 1;
+    const CUlaunchConfig config = {grid[0], grid[1], grid[2], block, 1, 1, image->shared_bytes, stream, &attr, 1};
+    CUresult r = launch_ex(&config, fn, params, NULL);
+    if (r != CUDA_SUCCESS) return cu_fail(r, "cuLaunchKernelEx", " (programmatic dependent launch; ORT_TRITON_PDL=0 "
+                                          "turns it off)", err, err_len);
+    return 0;
+  }
+  CUresult r = cu.cuLaunchKernel(fn, grid[0], grid[1], grid[2], block, 1, 1, image->shared_bytes, stream, params, NULL);
   if (r != CUDA_SUCCESS) return cu_fail(r, "cuLaunchKernel", "", err, err_len);
   return 0;
 }

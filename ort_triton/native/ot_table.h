@@ -28,6 +28,7 @@ typedef struct {
   unsigned shared_bytes;      /* dynamic shared memory the launch needs */
   unsigned num_warps;         /* block = 32 * num_warps threads */
   unsigned global_scratch;    /* Triton's global scratch a program (device-made TMA descriptors), 0 for none */
+  unsigned pdl;               /* 1: launch with programmatic stream serialization (contract.Kernel.pdl) */
 } ot_image;
 
 /* One specialisation: a kernel with its constexprs fixed, compiled for several archs.

@@ -32,6 +32,7 @@ KERNEL = Kernel(
     native_plan="ot_linear_plan",
     native_params="ot_linear_params",
     dispatch_keys=("rows", "k_align", "k", "n"),
+    pdl=True,
 )
 
 K_ALIGN_CAP = 4096  # planner_util.c's ot_k_align() stops here (ops/norm_linear.py's K_ALIGN key too)

@@ -40,6 +40,7 @@ KERNEL = Kernel(
     native_plan="ot_norm_linear_plan",
     native_params="ot_norm_linear_params",
     dispatch_keys=("fused", "k_align", "k", "n"),
+    pdl=True,
 )
 
 BLOCK_M = 16  # rows of the kernel's tiles (decode at batch <= 16); the MMA's smallest N
