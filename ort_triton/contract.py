@@ -139,8 +139,9 @@ class Kernel:
     # Programmatic dependent launch: the kernel takes a `PDL: tl.constexpr` (0 in the torch entry points) and, with
     # PDL = 1, runs gdc_wait before it reads or writes anything an earlier kernel may touch (only constants, the
     # weights, before it) and lets the next kernel start early (gdc_launch_dependents). The AOT build sets PDL = 1 for
-    # sm_90 and later (griddepcontrol is Hopper's); the native launcher then launches it with
-    # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, so it may start while the kernel before it finishes.
+    # sm_90 and later (griddepcontrol is Hopper's); with ORT_TRITON_PDL=1 the native launcher launches it with
+    # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, so it may start while the kernel before it finishes
+    # (without, the wait returns at once).
     pdl: bool = False
 
     @property

@@ -8,7 +8,7 @@
 #            ort_triton_cuda_graph) against B (default A+add_rms_norm_swiglu: rules off by default put in as +RULE),
 #            alternating rounds; B/A > 1 is B's gain. JSON in $OUT/ab_${TAG:-b}_MODEL.json.
 #   decoder  bench.decoder over RUNTIMES (default A, A+add_rms_norm_swiglu, that +linear) side by side, PREFILL /
-#            DECODE shapes, once per ORT_TRITON_PDL in PDLS (default "1 0": programmatic dependent launch on, off):
+#            DECODE shapes, once per ORT_TRITON_PDL in PDLS (default "1 0": programmatic dependent launch opted into, not):
 #            $OUT/decoder_MODEL_pdlP.json.
 #   profile  where a Llama-1B decode step's GPU time goes, kernel by kernel (CUPTI), for PROFILE_RUNTIMES (default
 #            A and B above): $OUT/profile_llama-1b_decode.json and the top kernels printed.

@@ -1,11 +1,11 @@
 """Programmatic dependent launch (PDL) inside a kernel: the kernels whose contract says `pdl` (contract.Kernel.pdl).
 
-A decode step with CUDA graphs is a chain of ~100-200 kernels of a few microseconds each; launched with
-programmatic stream serialization (the native launcher does, for images built with PDL = 1), a kernel may start
-while the one before it finishes. It must then wait (griddepcontrol.wait: the earlier kernel complete, its writes
-visible) before it reads what that kernel writes and before it writes what that kernel may still read (ORT reuses
-buffers). Launched the plain way, the wait returns at once. The launch_dependents right after lets the next kernel
-start as this one's programs run: its programs take free slots and wait in turn.
+A decode step with CUDA graphs is a chain of ~100-200 kernels of a few microseconds each. Launched with
+programmatic stream serialization (the native launcher does with ORT_TRITON_PDL=1, for images built with PDL = 1:
+sm_90 on), a kernel may start while the one before it finishes. It must then wait (griddepcontrol.wait: the earlier
+kernel complete, its writes visible) before it reads what that kernel writes and before it writes what that kernel
+may still read (ORT reuses buffers). Launched the plain way, the wait returns at once. The launch_dependents right
+after lets the next kernel start as this one's programs run: its programs take free slots and wait in turn.
 
 Session 22 (scripts/pdl_micro.py, H100): 0.4-0.5 us saved between two kernels of ours; none after an ORT or
 cuBLAS kernel, which do not trigger.

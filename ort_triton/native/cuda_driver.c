@@ -3,6 +3,7 @@
  * without the CUDA toolkit; their layout is fixed by the driver ABI. */
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -87,9 +88,12 @@ static const struct {
 
 static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
 static char driver_error[512]; /* set once by load_driver; empty when the driver is usable */
-/* cuLaunchKernelEx where the driver has it and ORT_TRITON_PDL is not "0" (set by load_driver); NULL: every kernel
- * launches with cuLaunchKernel, and griddepcontrol.wait returns at once. */
+/* cuLaunchKernelEx where the driver has it and ORT_TRITON_PDL=1 (set by load_driver: opt-in until a GPU run has timed
+ * it in a model); NULL: every kernel launches with cuLaunchKernel, and griddepcontrol.wait returns at once. */
 static cu_launch_kernel_ex launch_ex;
+static atomic_long pdl_launches; /* launches with programmatic stream serialization, for tests */
+
+long ot_cuda_pdl_launches(void) { return atomic_load_explicit(&pdl_launches, memory_order_relaxed); }
 
 static void load_driver(void) {
   void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -112,7 +116,7 @@ static void load_driver(void) {
     memcpy((char *)&cu + cu_symbols[i].offset, &fn, sizeof fn); /* POSIX: data and function pointers agree */
   }
   const char *pdl = getenv("ORT_TRITON_PDL");
-  if (!pdl || strcmp(pdl, "0") != 0) {
+  if (pdl && strcmp(pdl, "1") == 0) {
     void *fn = dlsym(lib, "cuLaunchKernelEx");
     memcpy(&launch_ex, &fn, sizeof fn);
   }
@@ -230,8 +234,9 @@ static int launch_current(CUcontext ctx, const ot_spec *spec, const unsigned gri
     attr.value.programmatic_stream_serialization_allowed = 1;
     const CUlaunchConfig config = {grid[0], grid[1], grid[2], block, 1, 1, image->shared_bytes, stream, &attr, 1};
     CUresult r = launch_ex(&config, fn, params, NULL);
-    if (r != CUDA_SUCCESS) return cu_fail(r, "cuLaunchKernelEx", " (programmatic dependent launch; ORT_TRITON_PDL=0 "
-                                          "turns it off)", err, err_len);
+    if (r != CUDA_SUCCESS) return cu_fail(r, "cuLaunchKernelEx", " (programmatic dependent launch: unset "
+                                          "ORT_TRITON_PDL to launch without it)", err, err_len);
+    atomic_fetch_add_explicit(&pdl_launches, 1, memory_order_relaxed);
     return 0;
   }
   CUresult r = cu.cuLaunchKernel(fn, grid[0], grid[1], grid[2], block, 1, 1, image->shared_bytes, stream, params, NULL);

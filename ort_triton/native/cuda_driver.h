@@ -27,6 +27,9 @@ int ot_cuda_stream_arch(void *stream, int *arch);
 int ot_cuda_launch(const ot_spec *spec, const unsigned grid[3], void *stream, void **params, char *err,
                    size_t err_len);
 
+/* Launches so far with programmatic stream serialization (ORT_TRITON_PDL=1, images built with PDL = 1). */
+long ot_cuda_pdl_launches(void);
+
 /* n zeroed 32-bit counters in the context that owns stream (zeroed on the stream, so before anything enqueued on it
  * after): 0 with the context and the device pointer, or 1 and why in err: no usable driver, an allocation that
  * failed, or a stream capturing a CUDA graph (no allocation inside a capture). Thread-safe. */

@@ -690,6 +690,8 @@ OT_EXPORT const char *ort_triton_op_name(int i) { return i >= 0 && i < ot_n_ops 
 OT_EXPORT int ort_triton_op_type(int i) { return i >= 0 && i < ot_n_ops ? (int)ot_ops[i].type : 0; }
 OT_EXPORT int ort_triton_num_specs(int i) { return i >= 0 && i < ot_n_ops ? ot_ops[i].n_specs : 0; }
 OT_EXPORT long ort_triton_launches(void) { return atomic_load_explicit(&launches, memory_order_relaxed); }
+/* Of those, the ones launched with programmatic dependent launch (ORT_TRITON_PDL=1 and a PDL image). */
+OT_EXPORT long ort_triton_pdl_launches(void) { return ot_cuda_pdl_launches(); }
 /* 0 when the CUDA driver can be used, else 1 with the message a kernel launch would return; lets tests
  * on machines without a GPU check that message. */
 OT_EXPORT int ort_triton_driver_status(char *msg, size_t msg_len) { return ot_cuda_driver_status(msg, msg_len); }

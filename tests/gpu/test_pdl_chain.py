@@ -1,8 +1,14 @@
 """On the GPU: a chain of kernels of ours that launch with programmatic dependent launch (contract.Kernel.pdl:
 Linear, AddRMSNorm, AddRMSNormSwiGLU), each reading what the one before wrote, through ORT's CUDA EP with and
-without its CUDA graph, against float64. A kernel that read or wrote before its gdc_wait would see the earlier
+without its CUDA graph, against float64. PDL is opt-in (ORT_TRITON_PDL=1, read once per process): the tests run
+in a child process with it set, and once without. A kernel that read or wrote before its gdc_wait would see the earlier
 kernel's half-written output, and the chain would drift from the reference; replays with fresh inputs check that
 the captured graph keeps the order too. 1 row runs the GEMV and the fused SwiGLU, 3 rows the skinny product."""
+
+import os
+import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import onnx
@@ -18,7 +24,7 @@ from ort_triton.ops.rms_norm import reference_add_rms_norm
 
 pytestmark = pytest.mark.gpu
 
-K, I, LAYERS = 256, 512, 6
+K, INNER, LAYERS = 256, 512, 6
 EPS = 1e-6
 
 
@@ -31,9 +37,9 @@ def _chain(rows, rng):
         w[f"g{i}"] = rng.normal(1, 0.2, K)
         w[f"o{i}"] = rng.normal(0, 1, (K, K)) / np.sqrt(K)
         w[f"gg{i}"] = rng.normal(1, 0.2, K)
-        w[f"wg{i}"] = rng.normal(0, 1, (I, K)) / np.sqrt(K)
-        w[f"wu{i}"] = rng.normal(0, 1, (I, K)) / np.sqrt(K)
-        w[f"d{i}"] = rng.normal(0, 1, (K, I)) / np.sqrt(I)
+        w[f"wg{i}"] = rng.normal(0, 1, (INNER, K)) / np.sqrt(K)
+        w[f"wu{i}"] = rng.normal(0, 1, (INNER, K)) / np.sqrt(K)
+        w[f"d{i}"] = rng.normal(0, 1, (K, INNER)) / np.sqrt(INNER)
         nodes += [
             helper.make_node("AddRMSNorm", [f"h{i}", f"s{i}", f"g{i}"], [f"n{i}", f"t{i}"], domain=DOMAIN,
                              epsilon=EPS),
@@ -64,15 +70,16 @@ def _reference(x, r, w):
     return h
 
 
-@pytest.mark.parametrize("cuda_graph", [False, True], ids=["stream", "cuda_graph"])
-@pytest.mark.parametrize("rows", [1, 3])
-def test_a_chain_of_pdl_kernels_matches_float64(gpu_library, rows, cuda_graph):
-    from ort_triton.runtime import launch_count, make_session
+def check(library: str, rows: int, cuda_graph: bool) -> tuple[int, int]:
+    """Runs the chain 4 times with fresh inputs against float64; returns the library's (launches, PDL launches)."""
+    import ctypes
+
+    from ort_triton.runtime import make_session
 
     rng = np.random.default_rng(rows)
     model, w = _chain(rows, rng)
     options = {"enable_cuda_graph": "1"} if cuda_graph else {}
-    sess = make_session(model, providers=[("CUDAExecutionProvider", options)], library=gpu_library)
+    sess = make_session(model, providers=[("CUDAExecutionProvider", options)], library=library)
     x_dev = ort.OrtValue.ortvalue_from_numpy(np.zeros((rows, K), np.float32), "cuda", 0)
     r_dev = ort.OrtValue.ortvalue_from_numpy(np.zeros((rows, K), np.float32), "cuda", 0)
     y_dev = ort.OrtValue.ortvalue_from_shape_and_type((rows, K), np.float32, "cuda", 0)
@@ -80,7 +87,6 @@ def test_a_chain_of_pdl_kernels_matches_float64(gpu_library, rows, cuda_graph):
     binding.bind_ortvalue_input("x32", x_dev)
     binding.bind_ortvalue_input("r32", r_dev)
     binding.bind_ortvalue_output("y32", y_dev)
-    before = launch_count(gpu_library)
     for step in range(4):  # with the graph: the first run captures, the others replay
         x = rng.normal(0, 1, (rows, K)).astype(np.float16).astype(np.float32)
         r = rng.normal(0, 1, (rows, K)).astype(np.float16).astype(np.float32)
@@ -90,5 +96,27 @@ def test_a_chain_of_pdl_kernels_matches_float64(gpu_library, rows, cuda_graph):
         want = _reference(x.astype(np.float64), r.astype(np.float64), w)
         got = y_dev.numpy()
         assert np.isfinite(got).all(), step
-        assert np.abs(got - want).max() / np.abs(want).max() < 2e-2, step
-    assert launch_count(gpu_library) > before, "the chain did not run through the library"
+        err = np.abs(got - want).max() / np.abs(want).max()
+        assert err < 2e-2, (step, err)
+    lib = ctypes.CDLL(library)
+    lib.ort_triton_launches.restype = lib.ort_triton_pdl_launches.restype = ctypes.c_long
+    return lib.ort_triton_launches(), lib.ort_triton_pdl_launches()
+
+
+@pytest.mark.parametrize("pdl", ["1", None], ids=["pdl", "plain"])
+@pytest.mark.parametrize("cuda_graph", [False, True], ids=["stream", "cuda_graph"])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_a_chain_of_pdl_kernels_matches_float64(gpu_library, rows, cuda_graph, pdl):
+    """In a child process: ORT_TRITON_PDL is read once a process. With it, every launch of the chain is a PDL one
+    on sm_90 (the kernels all are); without, none."""
+    env = {k: v for k, v in os.environ.items() if k != "ORT_TRITON_PDL"} | ({"ORT_TRITON_PDL": pdl} if pdl else {})
+    code = (f"from tests.gpu.test_pdl_chain import check; print(*check({str(gpu_library)!r}, {rows}, {cuda_graph}))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                         cwd=pathlib.Path(__file__).parents[2])
+    assert out.returncode == 0, out.stderr[-3000:]
+    launches, pdl_launches = map(int, out.stdout.split()[-2:])
+    assert launches > 0, "the chain did not run through the library"
+    import torch
+
+    hopper = torch.cuda.get_device_capability()[0] >= 9
+    assert pdl_launches == (launches if pdl and hopper else 0)
