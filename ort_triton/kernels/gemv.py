@@ -26,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .pdl import pdl_start
+from .pdl import pdl_start, prefetch_rows
 
 
 @triton.jit
@@ -79,6 +79,7 @@ def gemv_fwd(X, WT, Y, M, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EV
     pid = tl.program_id(0)
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     w_rows = WT + tl.minimum(cols, N - 1).to(tl.int64)[:, None] * K  # clamped: always a valid row of WT
+    prefetch_rows(w_rows, K, 2 * BLOCK_K, PDL)  # the first two tiles, while the kernel before runs (PDL)
     pdl_start(PDL)
     if DOT:
         rows = tl.arange(0, BLOCK_M)

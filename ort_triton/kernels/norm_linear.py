@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from .gemv import _dot, _weight_tile  # Linear's skinny product: the same loads and MMA, with a prologue here
-from .pdl import pdl_start
+from .pdl import pdl_start, prefetch_rows
 
 
 @triton.jit
@@ -80,6 +80,11 @@ def norm_linear_fwd(
 ):
     T = Y.dtype.element_ty
     pid = tl.program_id(0)
+    if MODE == 0:  # the weights' first two tiles, while the kernel before runs (PDL)
+        first = tl.minimum(pid * BLOCK_N + tl.arange(0, BLOCK_N), N - 1).to(tl.int64)[:, None] * K
+        prefetch_rows(WT + first, K, 2 * BLOCK_K, PDL)
+        if SWIGLU:
+            prefetch_rows(WT2 + first, K, 2 * BLOCK_K, PDL)
     pdl_start(PDL)
     ks = tl.arange(0, BLOCK_K)
     if MODE == 0:
