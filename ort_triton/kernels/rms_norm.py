@@ -14,15 +14,13 @@ import triton
 import triton.language as tl
 
 from ..ops.rms_norm import BLOCKS, MAX_HIDDEN, launch_config
-from .pdl import pdl_start
 
 
 @triton.jit
 def rms_norm_fwd(
     X, R, W, Y, S, n_rows, H, eps,
-    HAS_RES: tl.constexpr, STORE_SUM: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr = 0,
+    HAS_RES: tl.constexpr, STORE_SUM: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr,
 ):
-    pdl_start(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_H)
     col_ok = cols < H

@@ -44,7 +44,6 @@ KERNEL = Kernel(
     native_plan="ot_rms_norm_plan",
     native_params="ot_rms_norm_params",
     dispatch_keys=("store_sum", "h_div16", "H", "rows"),  # rows: only tuned specs narrow it
-    pdl=True,
 )
 
 
