@@ -100,7 +100,8 @@ class Tuning:
     a dict of the kernel's tile constexprs and num_warps / num_stages; shapes are the node's input shapes.
 
     keys(type, shapes, attrs, n_outputs): the dispatch keys, as the native planner computes them from those
-                                shapes (n_outputs: the node's outputs up to its last named one)
+                                shapes (n_outputs: the node's outputs up to its last named one); None where
+                                no kernel of ours runs at those shapes (Linear past 16 rows: cuBLAS)
     bucket(keys):               the key ranges one tuned config serves (a spec's `keys`)
     candidates(type, keys, arch): the configs to time, first the built-in one (what the library runs on arch)
     spec(type, bucket, config): the Spec that compiles a config for that bucket
@@ -109,7 +110,7 @@ class Tuning:
                                 keys describe (imports Triton: only tuning calls it)
     """
 
-    keys: Callable[[str, list, dict, int], tuple[int, ...]]
+    keys: Callable[[str, list, dict, int], tuple[int, ...] | None]
     bucket: Callable[[tuple[int, ...]], tuple[tuple[int, int], ...]]
     candidates: Callable[[str, tuple[int, ...], int], list[dict]]
     spec: Callable[[str, tuple[tuple[int, int], ...], dict], Spec]

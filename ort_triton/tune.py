@@ -168,6 +168,8 @@ def find_problems(model_path, shapes, *, decode=(), device: str = "cuda", librar
             attrs = _attrs(n, contract)
             n_outputs = max((i + 1 for i, o in enumerate(n.output) if o), default=0)  # as the library counts
             keys = contract.tuning.keys(type_name, shapes_in, attrs, n_outputs)
+            if keys is None:  # no kernel of ours at these shapes (Linear past 16 rows runs cuBLAS)
+                continue
             bucket = contract.tuning.bucket(keys)
             p = problems.setdefault((n.op_type, type_name, bucket),
                                     Problem(n.op_type, type_name, keys, bucket, shapes_in, attrs))

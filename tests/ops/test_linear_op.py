@@ -14,7 +14,16 @@ from onnx import TensorProto, helper
 
 from ort_triton.contract import DOMAIN
 from ort_triton.kernels.gemv import gemv
-from ort_triton.ops.linear import BLOCK_M, CONFIGS, LINEAR, MASKED_BLOCK_K, reference_linear
+from ort_triton.ops.linear import (
+    BLOCK_M,
+    CONFIGS,
+    LINEAR,
+    MASKED_BLOCK_K,
+    SHARED_BYTES,
+    TUNING,
+    k_align,
+    reference_linear,
+)
 from tests.native_hooks import FLOAT, FLOAT16, load, plan_attrs, plan_fields
 
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
@@ -219,3 +228,72 @@ def test_fp32_plan(lib):
     spec = LINEAR.specializations("float")[int(plan_fields(lib, "Linear", [(2, 64), (8, 64)], 1, [],
                                                            elem_type=FLOAT)["spec"])]
     assert spec.constexprs["DOT"] == 1 and spec.consts[1] == 64  # fp32 tiles: half the bytes of K
+
+
+# ---- tuning (ort-triton tune): keys as the planner's, the built-in config first, candidates that run -----------
+
+def test_tune_keys_are_the_planners():
+    """K_ALIGN as planner_util.c's ot_k_align; past 16 rows cuBLAS runs, so nothing to tune (None)."""
+    assert [k_align(k) for k in (1, 7, 100, 768, 2048, 3072, 8192, 65536)] == [1, 1, 4, 256, 2048, 1024, 4096, 4096]
+    assert TUNING.keys("float16", [[1, 1, 2048], [3072, 2048]], {}, 1) == (1, 2048, 2048, 3072)
+    assert TUNING.keys("float16", [[4, 4, 768], [2304, 768]], {}, 1) == (16, 256, 768, 2304)
+    assert TUNING.keys("float16", [[17, 2048], [3072, 2048]], {}, 1) is None
+    assert TUNING.bucket((1, 2048, 2048, 3072)) == ((1, 1), (2048, 4096), (2048, 2048), (3072, 3072))
+    assert TUNING.bucket((5, 4, 100, 7)) == ((2, 16), (4, 4096), (100, 100), (7, 7))
+
+
+@pytest.mark.parametrize("type_name", ["float16", "float"])
+@pytest.mark.parametrize("x, n", [((1, 2048), 3072), ((1, 2048), 2048), ((1, 8192), 2048), ((1, 768), 50264),
+                                  ((1, 100), 7), ((16, 2048), 8192), ((3, 96), 40)])
+def test_the_builtin_candidate_is_what_the_library_runs(lib, type_name, x, n):
+    """The first candidate is the spec the planner picks (the test library is sm_90's; the same spec list serves
+    every arch, sm_80-89 with its pre-Hopper launch)."""
+    elem = FLOAT if type_name == "float" else FLOAT16
+    spec = LINEAR.specializations(type_name)[int(plan_fields(lib, "Linear", [x, (n, x[-1])], 1, [], elem_type=elem)
+                                                 ["spec"])]
+    keys = TUNING.keys(type_name, [list(x), [n, x[-1]]], {}, 1)
+    for arch in (80, 90):
+        builtin = TUNING.candidates(type_name, keys, arch)[0]
+        assert {k: builtin[k] for k in ("DOT", "BLOCK_N", "BLOCK_K")} == {k: spec.constexprs[k] for k in builtin
+                                                                          if k in spec.constexprs}
+        assert (builtin["num_warps"], builtin["num_stages"]) == spec.launch(arch)
+        tuned = TUNING.spec(type_name, TUNING.bucket(keys), builtin)  # the spec a table entry of it would build
+        assert tuned.constexprs == spec.constexprs and tuned.launch(arch) == spec.launch(arch)
+
+
+def test_candidates_fit_and_run():
+    """Every candidate fits the arch's shared memory, is distinct, and (a few, under the interpreter on CPU) runs."""
+    keys = (1, 32, 96, 40)
+    for arch in (80, 90):
+        configs = TUNING.candidates("float16", keys, arch)
+        assert len(configs) == len({tuple(sorted(c.items())) for c in configs}) > 20
+        assert all(c["num_stages"] * (c["BLOCK_N"] + BLOCK_M) * c["BLOCK_K"] * 2 <= SHARED_BYTES[arch >= 90]
+                   for c in configs if c["DOT"])
+    assert not any(c["DOT"] == 0 for c in TUNING.candidates("float16", (3, 32, 96, 40), 90))  # the GEMV: one row
+    if DEVICE == "cpu":
+        configs = TUNING.candidates("float16", keys, 90)
+        for config in (configs[0], next(c for c in configs if c["DOT"] == 0), configs[-1]):
+            TUNING.runner("float16", [[1, 96], [40, 96]], {}, keys, config, "cpu")()
+
+
+@pytest.mark.slow
+def test_a_tuned_entry_is_built_and_dispatched(tmp_path):
+    """A table entry for Llama-1B's packed Q/K/V at one row builds into a spec ahead of the built-ins (sm_90 only),
+    which the planner picks for that shape on sm_90 and not on sm_80 nor for another N."""
+    import json
+
+    from ort_triton import tuning
+    from tests import native_hooks
+    from tests.conftest import run_cli
+
+    config = {"DOT": 1, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 5}
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps({"format": tuning.FORMAT, "arch": 90, "entries": [
+        {"op": "Linear", "type": "float16", "arch": 90, "builtin": False, "config": config,
+         "keys": [list(r) for r in TUNING.bucket((1, 2048, 2048, 3072))]}]}))
+    res = run_cli("build", "--arch", "80,90", "--tuning", table, "-o", tmp_path / "lib", timeout=1800)
+    assert "1 tuned spec(s) of 1 entries" in res.stdout, res.stdout
+    tuned_lib = native_hooks.load(tmp_path / "lib" / "libort_triton.so")
+    plan = lambda n, arch: plan_fields(tuned_lib, "Linear", [(1, 1, 2048), (n, 2048)], 1, [], arch=arch)  # noqa: E731
+    assert plan(3072, 90)["spec"] == "0" and plan(3072, 90)["grid"].startswith("48,")
+    assert plan(3072, 80)["spec"] != "0" and plan(2048, 90)["spec"] != "0"

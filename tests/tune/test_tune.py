@@ -335,3 +335,30 @@ def test_two_tables_agree_within_noise(table, tmp_path):
         rows, _ = tuning.agreement(table, second, tune.NOISE)
         (row,) = [r for r in rows if r["keys"] == fast["keys"]]
         assert not row["same_config"] and row["agree"] == agree
+
+
+def test_linear_tunes_the_rows_it_runs(tmp_path):
+    """A float16 Linear node met at 1 row (decode) and at 32 (cuBLAS runs there): one problem, the one-row one,
+    whose entry is the scripted fastest candidate; the 32-row shape gives none (its keys are None)."""
+    from onnx import TensorProto, helper
+
+    from ort_triton.contract import DOMAIN
+    from ort_triton.ops.linear import LINEAR
+
+    k, n = 64, 40
+    wt = np.random.default_rng(0).normal(size=(n, k)).astype(np.float16)
+    graph = helper.make_graph(
+        [helper.make_node("Linear", ["x", "wt"], ["y"], domain=DOMAIN)], "linear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["b", "s", k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["b", "s", n])],
+        [onnx.numpy_helper.from_array(wt, "wt")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, 1)],
+                              functions=[LINEAR.function_proto(18)], ir_version=9)
+    onnx.save(model, tmp_path / "linear.onnx")
+    out = tune.tune(tmp_path / "linear.onnx", [(1, 1), (4, 8)], device="cpu", arch=90, max_candidates=3,
+                    timer=scripted([1.0, 2.0, 0.5]), log=lambda s: None)
+    (entry,) = json.loads(out.read_text())["entries"]
+    assert entry["op"] == "Linear" and entry["keys"] == [[1, 1], [64, 4096], [64, 64], [40, 40]]
+    assert not entry["builtin"] and entry["config"] == BY_NAME["Linear"].tuning.candidates("float16",
+                                                                                         (1, 64, 64, 40), 90)[2]
+    assert entry["problem"]["seen_at"] == ["shape 1x1"]
