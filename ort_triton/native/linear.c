@@ -2,7 +2,8 @@
  * ort_triton/kernels/gemv.py), Y = X @ WT^T.
  * Inputs: X [..., K], WT [N, K] (the weight transposed). Output: Y [..., N].
  * Up to 16 rows (a decode step) and a spec whose key ranges fit: the Triton kernel (the register GEMV or the skinny
- * tl.dot product, as the spec says), grid (ceil(N / BLOCK_N)); spec consts = (BLOCK_N, BLOCK_K).
+ * tl.dot product, as the spec says), grid (ceil(N / BLOCK_N)); spec consts = (BLOCK_N, BLOCK_K, the most rows the
+ * kernel computes: 1 for the GEMV, 16 for the skinny product).
  * More rows, or a shape no spec serves: cuBLAS on ORT's handle, Y^T = WT X^T in column-major terms. */
 #include <stdio.h>
 
@@ -11,7 +12,7 @@
 
 enum { IN_X, IN_WT, N_INPUTS };
 enum { KEY_ROWS, KEY_K_ALIGN, KEY_K, KEY_N, N_KEYS }; /* dispatch keys, in contract order */
-enum { CONST_BLOCK_N, CONST_BLOCK_K };      /* meaning of ot_spec.consts */
+enum { CONST_BLOCK_N, CONST_BLOCK_K, CONST_MAX_ROWS }; /* meaning of ot_spec.consts */
 
 int ot_linear_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_outputs, const double *attrs,
                    ot_plan *plan, char *err, size_t err_len) {
@@ -46,15 +47,16 @@ int ot_linear_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_outpu
     plan->grid[0] = 0;
     return 0;
   }
-  {
-    const int64_t keys[N_KEYS] = {rows, ot_k_align(k), k, n};
-    const ot_spec *spec = ot_find_spec(op, keys, N_KEYS, plan->arch);
-    if (spec && spec->consts[CONST_BLOCK_N] >= 1 && spec->consts[CONST_BLOCK_K] >= 1) {
-      const int64_t block = spec->consts[CONST_BLOCK_N];
-      plan->spec = spec;
-      plan->grid[0] = (unsigned)((n + block - 1) / block);
-      return 0;
-    }
+  /* the specs' ROWS ranges end at 16 (the skinny product's BLOCK_M): more rows find none; the MAX_ROWS const holds
+   * a spec to what its kernel computes even where a tuning table's ROWS range says more */
+  const int64_t keys[N_KEYS] = {rows, ot_k_align(k), k, n};
+  const ot_spec *spec = ot_find_spec(op, keys, N_KEYS, plan->arch);
+  if (spec && spec->consts[CONST_BLOCK_N] >= 1 && spec->consts[CONST_BLOCK_K] >= 1 &&
+      rows <= spec->consts[CONST_MAX_ROWS]) {
+    const int64_t block = spec->consts[CONST_BLOCK_N];
+    plan->spec = spec;
+    plan->grid[0] = (unsigned)((n + block - 1) / block);
+    return 0;
   }
   /* Column-major: C = Y^T [N, rows] (ld N) = op(A) B, A = WT seen as [K, N] (ld K) transposed, B = X^T [K, rows]
    * (ld K). The TN form, cuBLAS's fastest for a weight stored so. */

@@ -69,7 +69,8 @@ def _spec(keys, dot: bool, block_n: int, block_k: int, stages: int, even: bool, 
     return Spec(constexprs={"BLOCK_N": block_n, "BLOCK_K": block_k, "EVEN_K": int(even), "DOT": int(dot),
                             "BLOCK_M": BLOCK_M},
                 num_warps=warps, num_stages=stages, pre_hopper=(warps, min(stages, PRE_HOPPER_STAGES)), keys=keys,
-                consts=(block_n, block_k), divisible_by_16=("X", "WT", "Y") + (("K",) if even else ()))
+                consts=(block_n, block_k, BLOCK_M if dot else 1),  # the planner's CONST_MAX_ROWS: what it computes
+                divisible_by_16=("X", "WT", "Y") + (("K",) if even else ()))
 
 
 def _specs(type_name: str) -> list[Spec]:

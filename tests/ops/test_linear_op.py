@@ -110,7 +110,8 @@ def test_up_to_16_rows_run_ours(lib, x, n):
     f = plan_fields(lib, "Linear", [x, (n, x[-1])], 1, [])
     k, rows = x[-1], int(np.prod(x[:-1]))
     spec = LINEAR.specializations("float16")[int(f["spec"])]
-    block_n, block_k = spec.consts
+    block_n, block_k, most_rows = spec.consts
+    assert most_rows == (BLOCK_M if spec.constexprs["DOT"] else 1)
     assert f["kernel"].startswith("gemv_fwd")
     assert int(f["grid"].split(",")[0]) == -(-n // block_n)
     dot, want_block_n, unmasked = _first_fit(rows, k, n)
@@ -287,13 +288,21 @@ def test_a_tuned_entry_is_built_and_dispatched(tmp_path):
     from tests.conftest import run_cli
 
     config = {"DOT": 1, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 5}
+    # a hand-edited entry whose ROWS range passes what the GEMV computes (one row): the planner holds it to one
+    gemv = {"DOT": 0, "BLOCK_N": 4, "BLOCK_K": 512, "num_warps": 8, "num_stages": 1}
     table = tmp_path / "t.json"
     table.write_text(json.dumps({"format": tuning.FORMAT, "arch": 90, "entries": [
         {"op": "Linear", "type": "float16", "arch": 90, "builtin": False, "config": config,
-         "keys": [list(r) for r in TUNING.bucket((1, 2048, 2048, 3072))]}]}))
+         "keys": [list(r) for r in TUNING.bucket((1, 2048, 2048, 3072))]},
+        {"op": "Linear", "type": "float16", "arch": 90, "builtin": False, "config": gemv,
+         "keys": [[1, 64], [2048, 4096], [2048, 2048], [1024, 1024]]}]}))
     res = run_cli("build", "--arch", "80,90", "--tuning", table, "-o", tmp_path / "lib", timeout=1800)
-    assert "1 tuned spec(s) of 1 entries" in res.stdout, res.stdout
+    assert "2 tuned spec(s) of 2 entries" in res.stdout, res.stdout
     tuned_lib = native_hooks.load(tmp_path / "lib" / "libort_triton.so")
-    plan = lambda n, arch: plan_fields(tuned_lib, "Linear", [(1, 1, 2048), (n, 2048)], 1, [], arch=arch)  # noqa: E731
-    assert plan(3072, 90)["spec"] == "0" and plan(3072, 90)["grid"].startswith("48,")
-    assert plan(3072, 80)["spec"] != "0" and plan(2048, 90)["spec"] != "0"
+
+    def plan(rows, n, arch=90):
+        return plan_fields(tuned_lib, "Linear", [(rows, 2048), (n, 2048)], 1, [], arch=arch)
+
+    assert plan(1, 3072)["spec"] == "0" and plan(1, 3072)["grid"].startswith("48,")
+    assert plan(1, 3072, 80)["spec"] != "0" and plan(1, 2048)["spec"] != "0"
+    assert plan(1, 1024)["spec"] == "1" and plan(4, 1024)["kernel"] == "cublasGemmEx"
