@@ -80,11 +80,13 @@ def norm_linear_fwd(
 ):
     T = Y.dtype.element_ty
     pid = tl.program_id(0)
+    # MODE 0's weight rows (offsets): clamped, a valid row, not stored; unused (and dropped) by the other modes
+    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    w_rows = tl.minimum(cols, N - 1).to(tl.int64)[:, None] * K
     if MODE == 0:  # the weights' first two tiles, while the kernel before runs (PDL)
-        first = tl.minimum(pid * BLOCK_N + tl.arange(0, BLOCK_N), N - 1).to(tl.int64)[:, None] * K
-        prefetch_rows(WT + first, K, 2 * BLOCK_K, PDL)
+        prefetch_rows(WT + w_rows, K, 2 * BLOCK_K, PDL)
         if SWIGLU:
-            prefetch_rows(WT2 + first, K, 2 * BLOCK_K, PDL)
+            prefetch_rows(WT2 + w_rows, K, 2 * BLOCK_K, PDL)
     pdl_start(PDL)
     ks = tl.arange(0, BLOCK_K)
     if MODE == 0:
@@ -96,8 +98,6 @@ def norm_linear_fwd(
             rstd = _rstd_one_row(X, R, S, K, eps, store_sum * (pid == 0), T, BLOCK_M, ROW_BLOCK)
         else:
             rstd = _rstd(X, R, S, rows, m_ok, K, eps, store_sum * (pid == 0), T, BLOCK_M, BLOCK_K)
-        cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-        w_rows = tl.minimum(cols, N - 1).to(tl.int64)[:, None] * K  # clamped: a valid row, not stored
         acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
         acc2 = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
         for k in range(0, K, BLOCK_K):  # pipelined num_stages deep (the spec's): the loads feed tl.dot
@@ -126,9 +126,9 @@ def norm_linear_fwd(
     else:
         col_blocks = tl.cdiv(N, BLOCK_N)
         rows = (pid // col_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols = (pid % col_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
-        ok = (rows < M)[:, None] & (cols < N)[None, :]
-        offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+        tile_cols = (pid % col_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
+        ok = (rows < M)[:, None] & (tile_cols < N)[None, :]
+        offs = rows.to(tl.int64)[:, None] * N + tile_cols[None, :]
         g = tl.load(GB + offs, mask=ok, other=0.0).to(tl.float32)
         u = tl.load(UB + offs, mask=ok, other=0.0).to(tl.float32)
         tl.store(Y + offs, _silu_mul(g, u).to(T), mask=ok)
