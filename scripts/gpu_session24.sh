@@ -21,7 +21,7 @@ for step in ${STEPS:-chain}; do
   ab)
     for model in ${MODELS:-llama-1b}; do
       timeout "${AB_TIMEOUT:-420}" python3 -m ort_triton.bench.ab --decoder "$model" --a ort_triton_cuda_graph \
-        --b ort_triton_norm_swiglu_cuda_graph --prefill "${PREFILL-1x512}" --decode "${DECODE:-1x1024,16x1024}" \
+        --b ort_triton_cuda_graph+add_rms_norm_swiglu --prefill "${PREFILL-1x512}" --decode "${DECODE:-1x1024,16x1024}" \
         --rounds "${ROUNDS:-3}" --iters "${ITERS:-20}" --work build/decoder_work \
         --json "$OUT/ab_norm_swiglu_$model.json" 2>&1 | filter | tail -20
     done ;;

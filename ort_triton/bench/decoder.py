@@ -467,18 +467,6 @@ class OrtTritonLinearCudaGraph(OrtTritonLinearStatic):
     name, cuda_graph = "ort_triton_linear_cuda_graph", True
 
 
-class OrtTritonNormSwigluStatic(OrtTritonStatic):
-    """ort_triton_static with add_rms_norm_swiglu (off by default until measured in the model): a layer's AddRMSNorm
-    fused into its gate and up projections with SwiGLU's product. Beside ort_triton_static (bench.ab) it measures what
-    the rule buys. Opt-in, as is its CUDA-graph twin."""
-
-    name, file_name, enable = "ort_triton_norm_swiglu_static", "ort_triton_norm_swiglu", ("add_rms_norm_swiglu",)
-
-
-class OrtTritonNormSwigluCudaGraph(OrtTritonNormSwigluStatic):
-    name, cuda_graph = "ort_triton_norm_swiglu_cuda_graph", True
-
-
 class _TunedLibrary:
     """The same fused model with the library of a tuning table ($ORT_TRITON_TUNED_LIBRARY, built with
     `ort-triton build --tuning`): what tuning buys, beside the default library in one run (opt-in)."""
@@ -554,8 +542,7 @@ ALL = {rt.name: rt for rt in (OrtRuntime, OrtOpset23, OrtOpset23CudaGraph, Onnxs
                               OrtTritonUnpackedStatic, OrtTritonUnpackedCudaGraph, OrtTritonNoQkvRotaryCacheStatic,
                               OrtTritonNoQkvRotaryCacheCudaGraph, OrtTritonPaddedWeightStatic,
                               OrtTritonPaddedWeightCudaGraph, OrtTritonNoQkvCacheStatic, OrtTritonNoQkvCacheCudaGraph,
-                              OrtTritonLinearStatic, OrtTritonLinearCudaGraph, OrtTritonNormSwigluStatic,
-                              OrtTritonNormSwigluCudaGraph)}
+                              OrtTritonLinearStatic, OrtTritonLinearCudaGraph)}
 
 
 def runtime(name: str) -> OrtRuntime:
