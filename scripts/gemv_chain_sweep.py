@@ -62,6 +62,16 @@ def skinny_fwd(X, WT, Y, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, 
 
 
 @triton.jit
+def _tile_sum_sq(X, R, S, offs, m_ok, write, T):
+    """PRO 0 and 1's step: s = T(x + r) for a [BLOCK_M, BLOCK_K] tile, stored where `write`; the rows' sum of s^2."""
+    s = (tl.load(X + offs, mask=m_ok, other=0.0).to(tl.float32) +
+         tl.load(R + offs, mask=m_ok, other=0.0).to(tl.float32)).to(T)
+    tl.store(S + offs, s, mask=m_ok & write)
+    sf = s.to(tl.float32)
+    return tl.sum(sf * sf, axis=1)
+
+
+@triton.jit
 def skinny_fused_fwd(X, R, G, WT, WT2, Y, S, M, N, K, eps, SWIGLU: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, PRO: tl.constexpr):
     # AddRMSNorm in the prologue: s = T(x + r), rstd per row from a first pass over K (program 0 writes s),
@@ -80,21 +90,11 @@ def skinny_fused_fwd(X, R, G, WT, WT2, Y, S, M, N, K, eps, SWIGLU: tl.constexpr,
     rstd = tl.full([BLOCK_M], 1.0, tl.float32)
     if PRO == 0:
         for k in range(0, K, BLOCK_K):
-            offs = ms[:, None] * K + (k + ks)[None, :]
-            s = (tl.load(X + offs, mask=m_ok, other=0.0).to(tl.float32) +
-                 tl.load(R + offs, mask=m_ok, other=0.0).to(tl.float32)).to(T)
-            tl.store(S + offs, s, mask=m_ok & (pid == 0))
-            sf = s.to(tl.float32)
-            ss += tl.sum(sf * sf, axis=1)
+            ss += _tile_sum_sq(X, R, S, ms[:, None] * K + (k + ks)[None, :], m_ok, pid == 0, T)
         rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(ss, tl.full([], K, tl.float32)) + eps))
     elif PRO == 1:
         for k in tl.range(0, K, BLOCK_K, num_stages=3):
-            offs = ms[:, None] * K + (k + ks)[None, :]
-            s = (tl.load(X + offs, mask=m_ok, other=0.0).to(tl.float32) +
-                 tl.load(R + offs, mask=m_ok, other=0.0).to(tl.float32)).to(T)
-            tl.store(S + offs, s, mask=m_ok & (pid == 0))
-            sf = s.to(tl.float32)
-            ss += tl.sum(sf * sf, axis=1)
+            ss += _tile_sum_sq(X, R, S, ms[:, None] * K + (k + ks)[None, :], m_ok, pid == 0, T)
         rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(ss, tl.full([], K, tl.float32)) + eps))
     elif PRO == 2:
         nk = tl.arange(0, 2048)
