@@ -55,6 +55,20 @@ def transposed_constant(op, graph: ir.Graph | None, w: ir.Value) -> ir.Value:
     return op.initializer(ir.tensor(data, name=fresh_name(graph, f"{w.name}__ot_t")))
 
 
+def read_elsewhere(read: ir.Value, copied: ir.Value | None = None) -> bool:
+    """Whether a weight a rewrite would store anew (transposed, padded) is also needed as it is: `read`, the value
+    the matched node reads, is a graph output or read by another node, or `copied`, the constant the rewrite copies,
+    is a graph input (a user may feed another)."""
+    return read.is_graph_output() or len(read.uses()) > 1 or (copied is not None and copied.is_graph_input())
+
+
+def other_perm(transpose: ir.Node) -> list[int] | None:
+    """A Transpose's perm when it is not the 2-D swap a transposed weight needs ([1, 0], or none: for two dims the
+    default reverses them); None when it is."""
+    perm = transpose.attributes.get("perm")
+    return None if perm is None or list(perm.as_ints()) == [1, 0] else list(perm.as_ints())
+
+
 def static_2d(v: ir.Value) -> tuple[int, int] | None:
     """v's dims when its shape is known, 2-D and static (a MatMul's constant weight); else None."""
     s = v.shape

@@ -40,7 +40,7 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from .common import same_dim
+from .common import read_elsewhere, same_dim, static_2d
 
 _MAX_DEPTH = 8  # shape subgraphs are a few nodes deep
 _Element = int | tuple  # a shape entry: a constant, or (value, axis): dim `axis` of `value`
@@ -159,13 +159,13 @@ class GemmReshapeRule(pattern.RewriteRuleClassBase):
         if y.is_graph_output() or any(u.node is not out.producer() for u in y.uses()):
             return result.fail("the Gemm's output is read elsewhere: the Gemm would stay and the product "
                                "be computed twice", y)
-        if w.shape is None or w.shape.rank() != 2 or not all(isinstance(d, int) for d in w.shape):
+        if static_2d(w) is None:
             return result.fail(f"the weight's shape {w.shape} is not a static 2-D one", w)
         k, n = (w.shape[1], w.shape[0]) if trans_b else (w.shape[0], w.shape[1])
         if trans_b:
             if _const(w) is None:
                 return result.fail("transB=1 with a computed weight: the MatMul would transpose it on every run", w)
-            if w.is_graph_output() or len(w.uses()) > 1:
+            if read_elsewhere(w):
                 return result.fail("transB=1 with a weight read elsewhere too: storing it transposed would copy it", w)
 
         target = _elements(outer_shape)

@@ -24,7 +24,7 @@ from onnxscript.rewriter import pattern
 
 from ort_triton.ops.linear import LINEAR
 
-from .common import FLOAT_TYPES, NOT_A_CANDIDATE, static_2d, transposed_constant
+from .common import FLOAT_TYPES, NOT_A_CANDIDATE, other_perm, read_elsewhere, static_2d, transposed_constant
 
 
 def _check(result: pattern.MatchResult, x: ir.Value, k: int, constant: ir.Value, read: ir.Value,
@@ -37,7 +37,7 @@ def _check(result: pattern.MatchResult, x: ir.Value, k: int, constant: ir.Value,
         return result.fail(f"element type {x.dtype} is not one of float, float16, bfloat16", x)
     if constant.dtype != x.dtype:
         return result.fail(f"the weight is {constant.dtype} but the input is {x.dtype}", constant)
-    if read.is_graph_output() or len(read.uses()) > 1 or (copied and constant.is_graph_input()):
+    if read_elsewhere(read, constant if copied else None):
         return result.fail("the weight is read elsewhere too: storing it transposed would copy it", read)
     if x.shape is None or x.shape.rank() < 1:
         return result.fail(f"the input's shape {x.shape} is not known to have rank 1 or more", x)
@@ -77,9 +77,9 @@ class LinearOfTransposeRule(pattern.RewriteRuleClassBase):
 
     def check(self, context, x, c, w, **_):
         result = pattern.MatchResult()
-        perm = w.producer().attributes.get("perm")
-        if perm is not None and list(perm.as_ints()) != [1, 0]:
-            return result.fail(NOT_A_CANDIDATE + f"the Transpose's perm is {list(perm.as_ints())}, not [1, 0]",
+        perm = other_perm(w.producer())
+        if perm is not None:
+            return result.fail(NOT_A_CANDIDATE + f"the Transpose's perm is {perm}, not [1, 0]",
                                w.producer())  # attention's K^T
         if static_2d(c) is None:
             return result.fail(NOT_A_CANDIDATE + f"the transposed weight's shape {c.shape} is not a static 2-D "

@@ -28,7 +28,7 @@ from onnxscript.rewriter import pattern
 from ort_triton.contract import DOMAIN
 from ort_triton.ops.norm_linear import ADD_RMS_NORM_LINEAR, ADD_RMS_NORM_SWIGLU
 
-from .common import NOT_A_CANDIDATE, static_2d, transposed_constant
+from .common import NOT_A_CANDIDATE, other_perm, read_elsewhere, static_2d, transposed_constant
 
 
 def _check_weight(result: pattern.MatchResult, x: ir.Value, w: ir.Value, k: int | None) -> pattern.MatchResult:
@@ -74,15 +74,14 @@ class AddRMSNormLinearRule(pattern.RewriteRuleClassBase):
     def check(self, context, x, n, w, wt_node=None, **_):
         result = pattern.MatchResult()
         read = wt_node if self._tied else w
-        if wt_node is not None:
-            perm = wt_node.producer().attributes.get("perm")
-            if perm is not None and list(perm.as_ints()) != [1, 0]:
-                return result.fail(NOT_A_CANDIDATE + f"the Transpose's perm is {list(perm.as_ints())}", wt_node)
+        perm = None if wt_node is None else other_perm(wt_node.producer())
+        if perm is not None:
+            return result.fail(NOT_A_CANDIDATE + f"the Transpose's perm is {perm}", wt_node)
         dims = static_2d(w)
         result = _check_weight(result, x, w, None if dims is None else dims[1 if self._tied else 0])
         if not result:
             return result
-        if read.is_graph_output() or len(read.uses()) > 1 or (not self._tied and w.is_graph_input()):
+        if read_elsewhere(read, None if self._tied else w):
             return result.fail("the weight is read elsewhere too: storing it transposed would copy it", read)
         return result
 
@@ -112,7 +111,7 @@ class AddRMSNormSwiGLURule(pattern.RewriteRuleClassBase):
         if static_2d(wu) != dims:
             return result.fail(f"the gate weight is {list(dims)} and the up weight {list(static_2d(wu))}", wu)
         for w in (wg, wu):
-            if w.is_graph_output() or w.is_graph_input() or len(w.uses()) > 1:
+            if read_elsewhere(w, w):
                 return result.fail("the weight is read elsewhere too: storing it transposed would copy it", w)
         return result
 

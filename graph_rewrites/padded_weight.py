@@ -30,7 +30,7 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from .common import FLOAT_TYPES, NOT_A_CANDIDATE, fresh_name, static_2d
+from .common import FLOAT_TYPES, NOT_A_CANDIDATE, fresh_name, other_perm, read_elsewhere, static_2d
 
 _ALIGN = 16  # bytes: the vector loads cuBLAS's aligned kernels need at the start of every row
 # N is padded to a multiple of 16 bytes of a 2-byte type: aligned in fp16 and bf16, and in an fp32 model too,
@@ -51,7 +51,7 @@ def _check(result: pattern.MatchResult, x: ir.Value, k: int, n: int, weight: ir.
     if ir.convenience.get_const_tensor(weight) is None:  # activations x activations (attention's products)
         return result.fail(NOT_A_CANDIDATE + "the weight is computed: padding it would cost a Pad every run",
                            weight), None
-    if read.is_graph_output() or len(read.uses()) > 1:  # a tied C gathered elsewhere is fine: ORT folds C^T anyway
+    if read_elsewhere(read):  # a tied C gathered elsewhere is fine: ORT folds C^T anyway
         return result.fail("the weight is read elsewhere too: padding it would copy it", read), None
     if x.shape is None or x.shape.rank() < 2:
         return result.fail(f"the input's shape {x.shape} is not known to have rank 2 or more", x), None
@@ -110,9 +110,9 @@ class PaddedWeightOfTransposeRule(pattern.RewriteRuleClassBase):
 
     def check(self, context, x, c, w, **_):
         result = pattern.MatchResult()
-        perm = w.producer().attributes.get("perm")
-        if perm is not None and list(perm.as_ints()) != [1, 0]:
-            return result.fail(NOT_A_CANDIDATE + f"the Transpose's perm is {list(perm.as_ints())}, not [1, 0]",
+        perm = other_perm(w.producer())
+        if perm is not None:
+            return result.fail(NOT_A_CANDIDATE + f"the Transpose's perm is {perm}, not [1, 0]",
                                w.producer())  # attention's K^T
         dims = static_2d(c)
         if dims is None:
