@@ -4,6 +4,10 @@ Stage 1 turns every GELU, whatever its spelling, into BiasGelu[Tanh](s, zero bia
 (opset 20), the erf expression (0.5 * s * (1 + erf(s / sqrt 2))) and the tanh expression, in the operand
 orders exporters use. Stage 2 folds the MatMul's bias Add in front (s = x + b, b a [H] vector) into the
 op. The MatMul stays ORT's (cuBLAS); only what follows it is fused.
+
+Stage 3, GeGLU (Gemma's MLP, down(gelu_tanh(gate(x)) * up(x))): Mul(BiasGelu[Tanh](x, b), u) with u of x's shape
+-> BiasGelu[Tanh]Mul(x, b, u), one pass for two (contracts in the same module). After stage 2, so the bias is
+folded first; the activation's output read by nothing else.
 """
 
 from __future__ import annotations
@@ -14,9 +18,10 @@ import onnx_ir as ir
 from onnxscript.rewriter import _ir_utils, pattern
 
 from ort_triton.contract import DOMAIN
-from ort_triton.ops.bias_gelu import BIAS_GELU, BIAS_GELU_TANH
+from ort_triton.ops.bias_gelu import BIAS_GELU, BIAS_GELU_MUL, BIAS_GELU_TANH, BIAS_GELU_TANH_MUL
 
 from .common import FLOAT_TYPES, check_zero_bias_to_fold, zero_vector
+from .swiglu import check_gate_and_up
 
 
 def _hidden(result: pattern.MatchResult, s: ir.Value):
@@ -147,3 +152,20 @@ class FoldBiasRule(pattern.RewriteRuleClassBase):
 
     def rewrite(self, op, x, b, **_):
         return self.contract.node(op, x, b)
+
+
+class GeluMulRule(pattern.RewriteRuleClassBase):
+    """Mul(BiasGelu[Tanh](x, b), u), either order, u of x's shape -> BiasGelu[Tanh]Mul(x, b, u) (GeGLU)"""
+
+    def __init__(self, name: str, *, tanh: bool):
+        super().__init__(name)
+        self.gelu, self.fused = (BIAS_GELU_TANH, BIAS_GELU_TANH_MUL) if tanh else (BIAS_GELU, BIAS_GELU_MUL)
+
+    def pattern(self, op, x, b, u):
+        return op.Mul(getattr(op, self.gelu.name)(x, b, _domain=DOMAIN), u)
+
+    def check(self, context, x, u, **_):
+        return check_gate_and_up(pattern.MatchResult(), x, u)
+
+    def rewrite(self, op, x, b, u, **_):
+        return self.fused.node(op, x, b, u)

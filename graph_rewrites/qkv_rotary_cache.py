@@ -12,6 +12,12 @@ and those nine nodes become QKVRotaryCache(QKV, cos, sin, past_key, past_value) 
 present_value), the outputs keeping their names (present_* are graph outputs). Q may have any readers; every
 value in between must have none but the next node of the chain.
 
+qkv_norm_rotary_cache (off by default until timed on a GPU; it runs first): Qwen3 normalises each q and k head
+before the rotation (q_norm, k_norm: RMSNorm over D, which the rms_norm rules have made our RMSNorm):
+RMSNorm(Reshape(q), q_gamma) and RMSNorm(Reshape(k), k_gamma) sit between the Reshapes and the TransposeRotarys,
+and the eleven nodes become QKVNormRotaryCache(QKV, cos, sin, past_key, past_value, q_gamma, k_gamma). Both q and
+k normed, with one epsilon, gammas of QKV's type. qkv_rotary_cache refuses such a layer, naming the other rule.
+
 Not a pattern rule: the three outputs are three pattern roots, and onnxscript's matcher finds the second and
 third by trying every pair of Concats in the graph for every node it starts from (N x C^2 match attempts).
 On a 16-layer tiny Llama's torchscript export (826 nodes, 82 Concats) that pattern took 7.3 s a pass, run
@@ -55,11 +61,12 @@ from onnxscript.rewriter._rewrite_rule import RULE_NAME_TAG
 
 from ort_triton.contract import DOMAIN
 from ort_triton.ops.qkv_cache import QKV_CACHE
-from ort_triton.ops.qkv_rotary_cache import QKV_ROTARY_CACHE
+from ort_triton.ops.qkv_rotary_cache import QKV_NORM_ROTARY_CACHE, QKV_ROTARY_CACHE
 
 from .common import FLOAT_TYPES, same_dim, zero_vector
 
 NAME = "qkv_rotary_cache"
+NORM_NAME = "qkv_norm_rotary_cache"
 # ops whose two nodes over the same inputs may differ: never proof that two cos values are equal
 _RANDOM = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli",
            "Dropout"}
@@ -86,11 +93,12 @@ def _desc(node: ir.Node) -> str:
 
 @dataclasses.dataclass
 class _Path:
-    """What one Split output flows through: Reshape to heads, TransposeRotary or the head Transpose, and the
-    cache Concat reading that (None: Q's path)."""
+    """What one Split output flows through: Reshape to heads, RMSNorm over each head (Qwen3's q and k; else None),
+    TransposeRotary or the head Transpose, and the cache Concat reading that (None: Q's path)."""
 
     part: ir.Value
     reshape: ir.Node
+    norm: ir.Node | None
     head: ir.Node
     concat: ir.Node | None
 
@@ -103,11 +111,15 @@ def _path(part: ir.Value) -> _Path | None:
     reshape = _reader(part, lambda n: _std(n, "Reshape"))
     if reshape is None:
         return None
-    head = _reader(reshape.outputs[0], lambda n: _std(n, "Transpose") or _ours(n, "TransposeRotary"))
+    head = _reader(reshape.outputs[0], lambda n: _std(n, "Transpose") or _ours(n, "TransposeRotary") or
+                   _ours(n, "RMSNorm"))
+    norm = head if _ours(head, "RMSNorm") else None
+    if norm is not None:  # a head norm (Qwen3's q_norm, k_norm) comes before a rotary
+        head = _reader(norm.outputs[0], lambda n: _ours(n, "TransposeRotary"))
     if head is None:
         return None
     # the Concat's order (past, new) is checked later, with a reason
-    return _Path(part, reshape, head, _reader(head.outputs[0], lambda n: _std(n, "Concat"), index=None))
+    return _Path(part, reshape, norm, head, _reader(head.outputs[0], lambda n: _std(n, "Concat"), index=None))
 
 
 def _layer(split: ir.Node) -> dict[str, _Path] | None:
@@ -221,7 +233,8 @@ def _inner(paths: dict[str, _Path], new: list[tuple[ir.Value, str]]) -> list[ir.
     appends, with what it is). Or why not."""
     reshapes = [p.reshape for p in paths.values()]
     inner = [(p.part, f"{r}'s part of the Split", p.reshape, True) for r, p in paths.items()]
-    inner += [(p.reshape.outputs[0], f"{r} in heads", p.head, False) for r, p in paths.items()]
+    inner += [(p.reshape.outputs[0], f"{r} in heads", p.norm or p.head, False) for r, p in paths.items()]
+    inner += [(p.norm.outputs[0], f"{r} normed", p.head, False) for r, p in paths.items() if p.norm is not None]
     inner += [(value, what, p.concat, False) for (value, what), p in zip(new, (paths["k"], paths["v"]))]
     shape_nodes: dict = {}
     for value, what, reader, shapes_ok in inner:
@@ -304,11 +317,31 @@ def _check(split: ir.Node, paths: dict[str, _Path]) -> str | dict:
     bad_perm = _head_perm(v.head)
     if bad_perm:
         return bad_perm
+    norms = _head_norms(q, k)
+    if isinstance(norms, str):
+        return norms
+    gammas, norm_attrs = norms
     cos, sin = q.head.inputs[1], q.head.inputs[2]
-    types = {x.name: x.dtype for x in (q.part, cos, sin, past_key, past_value)}  # q.part: QKV's type
+    types = {x.name: x.dtype for x in (q.part, cos, sin, past_key, past_value, *gammas)}  # q.part: QKV's type
     if len(set(types.values())) != 1 or q.part.dtype not in FLOAT_TYPES:
         return f"the element types differ or are not float, float16, bfloat16: {types}"
-    return dict(inputs=(split.inputs[0], cos, sin, past_key, past_value), attrs=attrs[0], dead=shape_nodes)
+    return dict(inputs=(split.inputs[0], cos, sin, past_key, past_value, *gammas), attrs=attrs[0] | norm_attrs,
+                dead=shape_nodes)
+
+
+def _head_norms(q: _Path, k: _Path) -> str | tuple[tuple[ir.Value, ...], dict]:
+    """((q_gamma, k_gamma), {"epsilon": ...}) where q and k are both RMSNorm-ed per head with one epsilon, ((), {})
+    where neither is, or why the layer stays."""
+    if q.norm is None and k.norm is None:
+        return (), {}
+    if q.norm is None or k.norm is None:
+        normed, plain = (q, k) if k.norm is None else (k, q)
+        return (f"only {normed.role} is RMSNorm-ed per head ({_desc(normed.norm)}), {plain.role} is not: the op "
+                "norms both or neither")
+    eps = [n.attributes.get_float("epsilon", 1e-6) for n in (q.norm, k.norm)]
+    if eps[0] != eps[1]:
+        return f"{_desc(q.norm)} has epsilon {eps[0]}, {_desc(k.norm)} {eps[1]}: the op takes one"
+    return (q.norm.inputs[1], k.norm.inputs[1]), {"epsilon": eps[0]}
 
 
 def _drop_dead(graph: ir.Graph, values: list[ir.Value]) -> None:
@@ -355,7 +388,8 @@ def _inner_and_cache(split: ir.Node, paths: dict[str, _Path], sizes, k_desc: str
 
 def _chain(split: ir.Node, paths: dict[str, _Path]) -> list[ir.Node]:
     """The layer's nodes from the Split to the cache Concats."""
-    return [split, *(n for p in paths.values() for n in (p.reshape, p.head)), paths["k"].concat, paths["v"].concat]
+    return [split, *(n for p in paths.values() for n in (p.reshape, p.norm, p.head) if n is not None),
+            paths["k"].concat, paths["v"].concat]
 
 
 def _fuse_all(model: ir.Model, name: str, layer, check, make) -> tuple[int, int, list[tuple[str, str]]]:
@@ -380,9 +414,30 @@ def _fuse_all(model: ir.Model, name: str, layer, check, make) -> tuple[int, int,
     return tried, fused, refused
 
 
+def _check_no_norms(split: ir.Node, paths: dict[str, _Path]) -> str | dict:
+    """_check, for a layer with no head norm: QKVRotaryCache's."""
+    normed = [p.norm for p in paths.values() if p.norm is not None]
+    if normed:
+        return (f"{' and '.join(_desc(n) for n in normed)} RMSNorm the heads before the rotary: rule {NORM_NAME} "
+                f"takes such layers (off by default until timed: --enable {NORM_NAME})")
+    return _check(split, paths)
+
+
 def qkv_rotary_cache(model: ir.Model) -> tuple[int, int, list[tuple[str, str]]]:
     """Fuse every such layer of the main graph (see _fuse_all for what it returns)."""
-    return _fuse_all(model, NAME, _layer, _check, lambda op, plan: QKV_ROTARY_CACHE.node(
+    return _fuse_all(model, NAME, _layer, _check_no_norms, lambda op, plan: QKV_ROTARY_CACHE.node(
+        op, *plan["inputs"], outputs=[True] * 3, **plan["attrs"]))
+
+
+def _normed_layer(split: ir.Node) -> dict[str, _Path] | None:
+    """_layer's paths where q or k is RMSNorm-ed per head; None for any other Split."""
+    paths = _layer(split)
+    return paths if paths is not None and (paths["q"].norm or paths["k"].norm) else None
+
+
+def qkv_norm_rotary_cache(model: ir.Model) -> tuple[int, int, list[tuple[str, str]]]:
+    """Fuse every layer whose q and k are RMSNorm-ed per head (Qwen3) into QKVNormRotaryCache (see _fuse_all)."""
+    return _fuse_all(model, NORM_NAME, _normed_layer, _check, lambda op, plan: QKV_NORM_ROTARY_CACHE.node(
         op, *plan["inputs"], outputs=[True] * 3, **plan["attrs"]))
 
 

@@ -35,7 +35,7 @@ from . import rotary as rope
 from . import swiglu as swi
 from .common import NOT_A_CANDIDATE
 from .pack_projections import pack_projections
-from .qkv_rotary_cache import qkv_cache, qkv_rotary_cache
+from .qkv_rotary_cache import qkv_cache, qkv_norm_rotary_cache, qkv_rotary_cache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +71,11 @@ RULES: tuple[RuleInfo, ...] = (
              lambda: [gelu.GeluTanhRule.rule("gelu_tanh", form=f) for f in range(3)], commute=True),
     RuleInfo("bias_gelu", "BiasGelu[Tanh](x + b, 0) -> BiasGelu[Tanh](x, b)", 2,
              lambda: [gelu.FoldBiasRule.rule("bias_gelu", tanh=t) for t in (False, True)], commute=True),
+    # Stage 3: after bias_gelu folded the gate's bias. Off by default until timed on a GPU (one elementwise pass
+    # for two).
+    RuleInfo("gelu_mul", "Mul(BiasGelu[Tanh](x, b), u) -> BiasGelu[Tanh]Mul(x, b, u) (GeGLU: Gemma)", 3,
+             lambda: [gelu.GeluMulRule.rule("gelu_mul", tanh=t) for t in (False, True)], commute=True,
+             default=False),
     RuleInfo("embedding_shape", "Shape(Gather(table, ids)), the lookup summed -> Concat(Shape(ids), [H]) "
              "(DistilBERT's torchscript sequence length)", 1,
              lambda: [eln.EmbeddingShapeRule.rule("embedding_shape")], emits="Concat"),
@@ -130,6 +135,11 @@ RULES: tuple[RuleInfo, ...] = (
              lambda: [rope.TransposeRotaryRule.rule("transpose_rotary")]),
     # After transpose_rotary (it reads its TransposeRotary nodes). On by default since its H200 run (session 14,
     # bench/results/README.md): Llama-1B decode 1.12x at 1x1024 and 16x1024, prefill 1.006-1.04x, same logits.
+    # Qwen3's layers, q and k RMSNorm-ed per head before the rotaries: before qkv_rotary_cache, which refuses them.
+    # Off by default until timed on a GPU (eight launches of a decode step become one).
+    RuleInfo("qkv_norm_rotary_cache", "Split(QKV) -> q, k, v heads; TransposeRotary(RMSNorm(q)), Concat(past_key, "
+             "TransposeRotary(RMSNorm(k))), Concat(past_value, Transpose(v)) -> QKVNormRotaryCache", 11, lambda: [],
+             run=qkv_norm_rotary_cache, default=False),
     RuleInfo("qkv_rotary_cache", "Split(QKV) -> q, k, v heads; TransposeRotary(q), Concat(past_key, "
              "TransposeRotary(k)), Concat(past_value, Transpose(v)) -> QKVRotaryCache", 11, lambda: [],
              run=qkv_rotary_cache),

@@ -18,7 +18,9 @@ from ort_triton.ops.swiglu import SILU_MUL
 from .common import FLOAT_TYPES, same_dim
 
 
-def _check_operands(result: pattern.MatchResult, gate: ir.Value, up: ir.Value) -> pattern.MatchResult:
+def check_gate_and_up(result: pattern.MatchResult, gate: ir.Value, up: ir.Value) -> pattern.MatchResult:
+    """gate and up of a gated MLP's product: a float type, one type, provably one shape, a static last dim (also
+    GeGLU's rule, graph_rewrites/gelu.py)."""
     if gate.dtype not in FLOAT_TYPES:
         return result.fail(f"element type {gate.dtype} is not one of float, float16, bfloat16", gate)
     if up.dtype != gate.dtype:
@@ -38,7 +40,7 @@ class SiluMulRule(pattern.RewriteRuleClassBase):
         return op.Mul(op.Mul(g, op.Sigmoid(g)), u)
 
     def check(self, context, g, u, **_):
-        return _check_operands(pattern.MatchResult(), g, u)
+        return check_gate_and_up(pattern.MatchResult(), g, u)
 
     def rewrite(self, op, g, u, **_):
         return SILU_MUL.node(op, g, u)
@@ -55,7 +57,7 @@ class SwishMulRule(pattern.RewriteRuleClassBase):
         alpha = swish.producer().attributes.get_float("alpha", 1.0)
         if alpha != 1.0:
             return result.fail(f"Swish with alpha={alpha:g} is not silu (alpha 1)", swish.producer())
-        return _check_operands(result, g, u)
+        return check_gate_and_up(result, g, u)
 
     def rewrite(self, op, g, u, **_):
         return SILU_MUL.node(op, g, u)

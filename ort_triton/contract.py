@@ -217,3 +217,14 @@ def attr_ref(ref: str, proto_type: int, name: str | None = None) -> onnx.Attribu
     a = onnx.AttributeProto()
     a.name, a.ref_attr_name, a.type = name or ref, ref, proto_type
     return a
+
+
+def renamed(nodes: list[onnx.NodeProto], prefix: str, names: dict[str, str]) -> list[onnx.NodeProto]:
+    """Body nodes with the values they make prefixed and those in `names` (the function's inputs and outputs the
+    copy reads and writes) renamed: one op's body used twice in another's (QKVRotaryCache rotates q and k)."""
+    made = {o for node in nodes for o in node.output}
+    name = lambda v: names[v] if v in names else prefix + v if v in made else v
+    for node in nodes:
+        node.input[:] = [name(v) for v in node.input]
+        node.output[:] = [name(v) for v in node.output]
+    return nodes

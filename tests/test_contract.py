@@ -10,12 +10,12 @@ from onnx import TensorProto, helper
 from ort_triton.contract import DOMAIN, MIN_OPSET
 from ort_triton.ops import BY_NAME
 from ort_triton.ops.attention import MULTI_HEAD_ATTENTION
-from ort_triton.ops.bias_gelu import BIAS_GELU, BIAS_GELU_TANH
+from ort_triton.ops.bias_gelu import BIAS_GELU, BIAS_GELU_MUL, BIAS_GELU_TANH, BIAS_GELU_TANH_MUL
 from ort_triton.ops.embed_layer_norm import EMBED_LAYER_NORM
 from ort_triton.ops.layer_norm import ADD_LAYER_NORM, LAYER_NORM
 from ort_triton.ops.packed_attention import PACKED_MULTI_HEAD_ATTENTION
 from ort_triton.ops.qkv_cache import QKV_CACHE
-from ort_triton.ops.qkv_rotary_cache import QKV_ROTARY_CACHE
+from ort_triton.ops.qkv_rotary_cache import QKV_NORM_ROTARY_CACHE, QKV_ROTARY_CACHE
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(1.0, 2.0, (2, 5, 24)).astype(np.float32)
@@ -26,6 +26,8 @@ CASES = {  # op -> (inputs, attributes)
                      {"epsilon": 1e-5}),
     BIAS_GELU: ([X, RNG.normal(size=24)], {}),
     BIAS_GELU_TANH: ([X, RNG.normal(size=24)], {}),
+    BIAS_GELU_MUL: ([X, RNG.normal(size=24), RNG.normal(size=X.shape)], {}),
+    BIAS_GELU_TANH_MUL: ([X, RNG.normal(size=24), RNG.normal(size=X.shape)], {}),
     MULTI_HEAD_ATTENTION: ([X, RNG.normal(size=(2, 7, 24)), RNG.normal(size=(2, 7, 24)),
                             np.where(RNG.random((2, 7)) < 0.3, np.finfo(np.float32).min, 0.0),
                             RNG.normal(size=24), RNG.normal(size=24)],
@@ -42,6 +44,11 @@ CASES = {  # op -> (inputs, attributes)
     QKV_ROTARY_CACHE: ([RNG.normal(size=(2, 5, 40)), RNG.normal(size=(1, 1, 5, 4)), RNG.normal(size=(1, 1, 5, 4)),
                         RNG.normal(size=(2, 1, 3, 8)), RNG.normal(size=(2, 1, 3, 8))],
                        {"interleaved": 1, "rotary_dim": 4}),
+    # the same with q and k RMSNorm-ed per head (gammas [8]), rotate-half over all 8 channels, cos [1, 5, 8]
+    QKV_NORM_ROTARY_CACHE: ([RNG.normal(size=(2, 5, 40)), RNG.normal(size=(1, 5, 8)), RNG.normal(size=(1, 5, 8)),
+                             RNG.normal(size=(2, 1, 3, 8)), RNG.normal(size=(2, 1, 3, 8)), RNG.normal(1, 0.3, 8),
+                             RNG.normal(1, 0.3, 8)],
+                            {"interleaved": 0, "rotary_dim": 0, "epsilon": 1e-5}),
     # QKV [2, 5, (3 + 2 * 1) * 8] and its bias, a cache of 3
     QKV_CACHE: ([RNG.normal(size=(2, 5, 40)), RNG.normal(size=40), RNG.normal(size=(2, 1, 3, 8)),
                  RNG.normal(size=(2, 1, 3, 8))], {}),

@@ -50,7 +50,9 @@ def gelu(s, TANH: tl.constexpr):
 
 
 @triton.jit
-def bias_gelu_fwd(X, B, Y, n_rows, H, TANH: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr):
+def _bias_gelu_rows(X, B, U, Y, n_rows, H, TANH: tl.constexpr, MUL: tl.constexpr, BLOCK_H: tl.constexpr,
+                    ROWS: tl.constexpr):
+    # one (ROWS x BLOCK_H) tile: y = gelu(x + bias) (MUL: times up, U), fp32 inside, rounded once
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     col_ok = cols < H
@@ -58,11 +60,27 @@ def bias_gelu_fwd(X, B, Y, n_rows, H, TANH: tl.constexpr, BLOCK_H: tl.constexpr,
     offs = rows.to(tl.int64)[:, None] * H + cols[None, :]
     s = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
     s += tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    tl.store(Y + offs, gelu(s, TANH).to(Y.dtype.element_ty), mask=mask)
+    y = gelu(s, TANH)
+    if MUL:
+        y = y * tl.load(U + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
 
 
-def bias_gelu(x, bias, tanh=False, *, out=None):
-    """Run the kernel on torch tensors (tests, the interpreter, GPU timing)."""
+@triton.jit
+def bias_gelu_fwd(X, B, Y, n_rows, H, TANH: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr):
+    """BiasGelu, BiasGeluTanh (U: X, never read)."""
+    _bias_gelu_rows(X, B, X, Y, n_rows, H, TANH, False, BLOCK_H, ROWS)
+
+
+@triton.jit
+def bias_gelu_mul_fwd(X, B, U, Y, n_rows, H, TANH: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr):
+    """BiasGeluMul, BiasGeluTanhMul."""
+    _bias_gelu_rows(X, B, U, Y, n_rows, H, TANH, True, BLOCK_H, ROWS)
+
+
+def bias_gelu(x, bias, tanh=False, *, out=None, up=None):
+    """Run the kernel on torch tensors (tests, the interpreter, GPU timing); with `up` (x's shape and type), the
+    Mul ops' kernel, gelu(x + bias) * up."""
     import torch
 
     h = x.shape[-1]
@@ -70,10 +88,16 @@ def bias_gelu(x, bias, tanh=False, *, out=None):
         raise TypeError(f"bias_gelu: dtype {x.dtype} not supported (float32, float16, bfloat16)")
     if tuple(bias.shape) != (h,) or bias.dtype != x.dtype:
         raise ValueError(f"bias_gelu: bias must be {x.dtype} of shape [{h}], got {bias.dtype} {list(bias.shape)}")
+    if up is not None and (up.shape != x.shape or up.dtype != x.dtype):
+        raise ValueError(f"bias_gelu: up must be x's shape {list(x.shape)} and type {x.dtype}, got {up.dtype} "
+                         f"{list(up.shape)}")
     x = x.contiguous()
     y = out if out is not None else torch.empty_like(x)
     n_rows = x.numel() // h if h else 0
     grid = (triton.cdiv(n_rows, ROWS), triton.cdiv(h, BLOCK_H))
-    bias_gelu_fwd[grid](x, bias.contiguous(), y, n_rows, h, TANH=tanh, BLOCK_H=BLOCK_H, ROWS=ROWS,
-                        num_warps=NUM_WARPS)
+    blocks = dict(TANH=tanh, BLOCK_H=BLOCK_H, ROWS=ROWS, num_warps=NUM_WARPS)
+    if up is None:
+        bias_gelu_fwd[grid](x, bias.contiguous(), y, n_rows, h, **blocks)
+    else:
+        bias_gelu_mul_fwd[grid](x, bias.contiguous(), up.contiguous(), y, n_rows, h, **blocks)
     return y

@@ -1,4 +1,4 @@
-"""The Triton kernels behind QKVRotaryCache and QKVCache, one body (contracts and maths:
+"""The Triton kernels behind QKVRotaryCache, QKVNormRotaryCache and QKVCache, one body (contracts and maths:
 ort_triton/ops/qkv_rotary_cache.py, ort_triton/ops/qkv_cache.py)."""
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ from .rotary import rope_args, rope_rows
 
 
 @triton.jit
-def qkv_heads_cache(QKV, BIAS, COS, SIN, PK, PV, Q, K, V, NQ, NKV, S, P, D, R, cos_b, cos_s, per_pair, interleaved,
-                    n_new, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr,
-                    ROTARY: tl.constexpr, HAS_BIAS: tl.constexpr):
+def qkv_heads_cache(QKV, BIAS, COS, SIN, PK, PV, QG, KG, Q, K, V, NQ, NKV, S, P, D, R, cos_b, cos_s, per_pair,
+                    interleaved, n_new, eps, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr,
+                    ROTARY: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr):
     # The body of QKVRotaryCache's kernel (ROTARY: q and k rotated with COS, SIN as Rotary's; BIAS unread) and
     # of QKVCache's (HAS_BIAS: BIAS [(NQ + 2 NKV) D] added, in fp32, to every row before the one rounding to
     # the output type; COS, SIN and the rotary scalars unread). Both at once is not an op (the bias would have
-    # to go in before the rotation, into rope_rows' partner load too).
+    # to go in before the rotation, into rope_rows' partner load too). NORM (QKVNormRotaryCache, with ROTARY): q heads
+    # RMSNorm-ed with QG [D], k heads with KG, before the rotation (rope_rows); QG, KG and eps unread otherwise.
     # Flat grid, two kinds of program (all offsets int64):
     # - pid < n_new: the new rows, one (s-block, head h of NQ + 2 NKV, batch b) tile, the s-block fastest.
     #   QKV [B, S, NQ + 2 NKV, D] row (b, s, h) -> h < NQ: Q [B, NQ, S, D] row (b, h, s), rotated;
@@ -26,6 +27,7 @@ def qkv_heads_cache(QKV, BIAS, COS, SIN, PK, PV, Q, K, V, NQ, NKV, S, P, D, R, c
     # - the rest: BLOCK_C elements of one (b, kv head) slab of past_key, then of past_value ([P, D], contiguous),
     #   copied to the start of that slab of present.
     tl.static_assert(not (ROTARY and HAS_BIAS), "a bias with rotary is not an op")
+    tl.static_assert(ROTARY or not NORM, "the norm comes with the rotary")
     pid = tl.program_id(0)
     d64 = tl.full([], 0, tl.int64) + D
     s64 = tl.full([], 0, tl.int64) + S
@@ -40,8 +42,11 @@ def qkv_heads_cache(QKV, BIAS, COS, SIN, PK, PV, Q, K, V, NQ, NKV, S, P, D, R, c
         rows64 = rows.to(tl.int64)
         x_rows = QKV + ((b * S + rows64) * heads + h) * d64
         if ROTARY:
+            gamma = QG  # unread without NORM: the default kernel compiles as before
+            if NORM:
+                gamma = QG if h < NQ else KG
             y, mask = rope_rows(x_rows, COS, SIN, b * cos_b + rows64 * cos_s, rows < S, D, R, per_pair, interleaved,
-                                h < NQ + NKV, BLOCK_D)
+                                h < NQ + NKV, gamma, eps, h < NQ + NKV, BLOCK_D, NORM)
         else:
             cols = tl.arange(0, BLOCK_D)
             mask = (rows < S)[:, None] & (cols < D)[None, :]
@@ -76,9 +81,18 @@ def qkv_heads_cache(QKV, BIAS, COS, SIN, PK, PV, Q, K, V, NQ, NKV, S, P, D, R, c
 @triton.jit
 def qkv_rotary_cache_fwd(QKV, COS, SIN, PK, PV, Q, K, V, NQ, NKV, S, P, D, R, cos_b, cos_s, per_pair, interleaved,
                          n_new, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr):
-    """QKVRotaryCache: the shared body, rotary on, no bias (BIAS: QKV, never read)."""
-    qkv_heads_cache(QKV, QKV, COS, SIN, PK, PV, Q, K, V, NQ, NKV, S, P, D, R, cos_b, cos_s, per_pair, interleaved,
-                    n_new, BLOCK_S, BLOCK_D, BLOCK_C, True, False)
+    """QKVRotaryCache: the shared body, rotary on, no bias, no norm (BIAS, QG, KG: QKV, never read)."""
+    qkv_heads_cache(QKV, QKV, COS, SIN, PK, PV, QKV, QKV, Q, K, V, NQ, NKV, S, P, D, R, cos_b, cos_s, per_pair,
+                    interleaved, n_new, 0.0, BLOCK_S, BLOCK_D, BLOCK_C, True, False, False)
+
+
+@triton.jit
+def qkv_norm_rotary_cache_fwd(QKV, COS, SIN, PK, PV, QG, KG, Q, K, V, NQ, NKV, S, P, D, R, cos_b, cos_s, per_pair,
+                              interleaved, n_new, eps, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+                              BLOCK_C: tl.constexpr):
+    """QKVNormRotaryCache: the shared body, q and k RMSNorm-ed then rotated, no bias (BIAS: QKV, never read)."""
+    qkv_heads_cache(QKV, QKV, COS, SIN, PK, PV, QG, KG, Q, K, V, NQ, NKV, S, P, D, R, cos_b, cos_s, per_pair,
+                    interleaved, n_new, eps, BLOCK_S, BLOCK_D, BLOCK_C, True, False, True)
 
 
 @triton.jit
@@ -86,8 +100,8 @@ def qkv_cache_fwd(QKV, BIAS, PK, PV, Q, K, V, NQ, NKV, S, P, D, n_new,
                   BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr):
     """QKVCache (ort_triton/ops/qkv_cache.py): the shared body with the bias, no rotary (COS, SIN: BIAS and the
     rotary scalars 0, never read)."""
-    qkv_heads_cache(QKV, BIAS, BIAS, BIAS, PK, PV, Q, K, V, NQ, NKV, S, P, D, 0, 0, 0, 0, 0,
-                    n_new, BLOCK_S, BLOCK_D, BLOCK_C, False, True)
+    qkv_heads_cache(QKV, BIAS, BIAS, BIAS, PK, PV, BIAS, BIAS, Q, K, V, NQ, NKV, S, P, D, 0, 0, 0, 0, 0,
+                    n_new, 0.0, BLOCK_S, BLOCK_D, BLOCK_C, False, True, False)
 
 
 def _check(name, qkv, past_key, past_value):
@@ -120,18 +134,29 @@ def _outputs(qkv, out, nq, nkv, d, batch, seq, past):
                                         qkv.new_empty(batch, nkv, past + seq, d))
 
 
-def qkv_rotary_cache(qkv, cos, sin, past_key, past_value, interleaved=0, rotary_dim=0, *, out=None):
+def qkv_rotary_cache(qkv, cos, sin, past_key, past_value, interleaved=0, rotary_dim=0, *, out=None, q_gamma=None,
+                     k_gamma=None, epsilon=1e-6):
     """Run the kernel on torch tensors (tests, the interpreter, GPU timing); shapes as the contract says.
-    out: (Q, present_key, present_value) buffers a test poisons; the launch is the library's."""
+    out: (Q, present_key, present_value) buffers a test poisons; the launch is the library's. q_gamma and k_gamma
+    ([D] each, both or neither): QKVNormRotaryCache's kernel, q and k RMSNorm-ed with them first."""
     nq, nkv, d, batch, seq, past = _check("qkv_rotary_cache", qkv, past_key, past_value)
     cos, sin, r, w, cos_b, cos_s = rope_args("qkv_rotary_cache", cos, sin, qkv.dtype, batch, seq, d, rotary_dim)
     qkv, past_key, past_value = qkv.contiguous(), past_key.contiguous(), past_value.contiguous()
     q, k, v = _outputs(qkv, out, nq, nkv, d, batch, seq, past)
     bs, bd, n_new, grid = _grid(nq, nkv, d, batch, seq, past)
-    if grid:  # S = 0 still copies the past
-        qkv_rotary_cache_fwd[(grid,)](
-            qkv, cos, sin, past_key, past_value, q, k, v, nq, nkv, seq, past, d, r, cos_b, cos_s, int(w != r),
-            int(bool(interleaved)), n_new, BLOCK_S=bs, BLOCK_D=bd, BLOCK_C=BLOCK_C, num_warps=NUM_WARPS)
+    scalars = (nq, nkv, seq, past, d, r, cos_b, cos_s, int(w != r), int(bool(interleaved)), n_new)
+    blocks = dict(BLOCK_S=bs, BLOCK_D=bd, BLOCK_C=BLOCK_C, num_warps=NUM_WARPS)
+    if (q_gamma is None) != (k_gamma is None):
+        raise ValueError("qkv_rotary_cache: give both q_gamma and k_gamma, or neither")
+    if q_gamma is not None:
+        for g in (q_gamma, k_gamma):
+            if g.shape != (d,) or g.dtype != qkv.dtype:
+                raise ValueError(f"qkv_rotary_cache: gammas must be [{d}] of QKV's type, got {list(g.shape)} {g.dtype}")
+        if grid:
+            qkv_norm_rotary_cache_fwd[(grid,)](qkv, cos, sin, past_key, past_value, q_gamma.contiguous(),
+                                               k_gamma.contiguous(), q, k, v, *scalars, epsilon, **blocks)
+    elif grid:  # S = 0 still copies the past
+        qkv_rotary_cache_fwd[(grid,)](qkv, cos, sin, past_key, past_value, q, k, v, *scalars, **blocks)
     return q, k, v
 
 

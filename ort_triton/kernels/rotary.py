@@ -9,14 +9,19 @@ from ..ops.rotary import BLOCK_DS, MAX_HEAD_DIM, NUM_WARPS, block_s
 
 
 @triton.jit
-def rope_rows(x_rows, COS, SIN, c_rows, row_ok, D, R, per_pair, interleaved, rotate, BLOCK_D: tl.constexpr):
+def rope_rows(x_rows, COS, SIN, c_rows, row_ok, D, R, per_pair, interleaved, rotate, G, eps, normalize,
+              BLOCK_D: tl.constexpr, NORM: tl.constexpr):
     """One tile of rows: x_rows [BLOCK_S] pointers to each row's channel 0, c_rows [BLOCK_S] the offset of its
     cos/sin row; rotate (scalar) 0 passes the rows through. Returns (y fp32 [BLOCK_S, BLOCK_D], its store mask).
     Channel j < R:
       y[j] = x[j] * C[j] + sign(j) * x[p(j)] * S[j]
       half-split:  p(j) = (j + R/2) mod R, sign -1 for j < R/2;  interleaved: p(j) = j xor 1, sign -1 at even j
       C[j] = cos[j] (W = R) or one value per pair, cos[j mod R/2] / cos[j // 2] (W = R/2)
-    channels j >= R: y[j] = x[j]. The partner load hits the lines the first load brought in."""
+    channels j >= R: y[j] = x[j]. The partner load hits the lines the first load brought in.
+    NORM (QKVNormRotaryCache), where normalize (scalar) is set: x is first each row's RMSNorm over its D channels
+    with gamma G [D], as the RMSNorm op computes it, T(x * (1 / sqrt(mean(x^2) + eps)) * gamma), rounded to the
+    element type T before the rotation reads it (the unfused chain's RMSNorm output); x[p(j)] the same, with
+    gamma[p(j)]. Masked channels load 0 and add nothing to the mean."""
     cols = tl.arange(0, BLOCK_D)
     half = R // 2
     odd = cols % 2
@@ -28,6 +33,14 @@ def rope_rows(x_rows, COS, SIN, c_rows, row_ok, D, R, per_pair, interleaved, rot
     rot = row_ok[:, None] & (cols < R)[None, :] & (rotate != 0)
     x = tl.load(x_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     xp = tl.load(x_rows[:, None] + partner[None, :], mask=rot, other=0.0).to(tl.float32)
+    if NORM:
+        T = x_rows.dtype.element_ty
+        ms = tl.div_rn(tl.sum(x * x, axis=1), tl.full([], 0, tl.float32) + D)
+        rstd = tl.div_rn(1.0, tl.sqrt_rn(ms + eps))[:, None]
+        g = tl.load(G + cols, mask=cols < D, other=0.0).to(tl.float32)
+        gp = tl.load(G + partner, mask=cols < R, other=0.0).to(tl.float32)
+        x = tl.where(normalize != 0, (x * rstd * g[None, :]).to(T).to(tl.float32), x)
+        xp = tl.where(normalize != 0, (xp * rstd * gp[None, :]).to(T).to(tl.float32), xp)
     c_offs = c_rows[:, None] + cidx[None, :]
     c = tl.load(COS + c_offs, mask=rot, other=1.0).to(tl.float32)  # pass-through: x * 1 + x_p * 0
     s = tl.load(SIN + c_offs, mask=rot, other=0.0).to(tl.float32)
@@ -49,7 +62,7 @@ def rotary_fwd(X, COS, SIN, Y, N, S, D, R, cos_b, cos_s, per_pair, interleaved,
     else:
         x_rows = X + ((b * N + n) * S + rows.to(tl.int64)) * D
     y, mask = rope_rows(x_rows, COS, SIN, b * cos_b + rows.to(tl.int64) * cos_s, rows < S, D, R, per_pair,
-                        interleaved, 1, BLOCK_D)
+                        interleaved, 1, X, 0.0, 0, BLOCK_D, False)
     y_rows = Y + ((b * N + n) * S + rows.to(tl.int64))[:, None] * D
     tl.store(y_rows + tl.arange(0, BLOCK_D)[None, :], y.to(Y.dtype.element_ty), mask=mask)
 

@@ -1,9 +1,10 @@
-/* qkv_rotary_cache.c: planner and kernel parameters for QKVRotaryCache and QKVCache (contracts:
+/* qkv_rotary_cache.c: planner and kernel parameters for QKVRotaryCache, QKVNormRotaryCache and QKVCache (contracts:
  * ort_triton/ops/qkv_rotary_cache.py, ort_triton/ops/qkv_cache.py; kernels: ort_triton/kernels/qkv_rotary_cache.py,
  * one body, its rotary and bias constexpr switches).
  *
  * QKVRotaryCache inputs: QKV [B, S, (Nq + 2 Nkv) D]; cos, sin as Rotary's; past_key, past_value [B, Nkv, P, D].
  *   Attributes (contract order): interleaved, rotary_dim (Rotary's, checked by ot_rotary_cos).
+ * QKVNormRotaryCache inputs: QKVRotaryCache's, then q_gamma, k_gamma [D]. Attributes: Rotary's, then epsilon.
  * QKVCache inputs: QKV; bias [(Nq + 2 Nkv) D]; past_key, past_value. No attributes.
  * Outputs (both): Q [B, Nq, S, D]; present_key, present_value [B, Nkv, P + S, D].
  * Dispatch keys: (D, both D and W multiples of 16), Rotary's (QKVCache: W = D); consts = (BLOCK_S, BLOCK_D, BLOCK_C).
@@ -16,14 +17,16 @@
 #include "ot_table.h"
 #include "planner_util.h"
 
-/* The two ops' inputs by role: QKVRotaryCache (QKV, cos, sin, past_key, past_value) and QKVCache (QKV, bias,
- * past_key, past_value); -1 where an op has no such input. */
+/* The three ops' inputs by role: QKVRotaryCache (QKV, cos, sin, past_key, past_value), QKVNormRotaryCache (those,
+ * q_gamma, k_gamma) and QKVCache (QKV, bias, past_key, past_value); -1 where an op has no such input. */
 typedef struct {
   const char *name;
-  int qkv, bias, cos, sin, past_key, past_value, n_inputs, n_attrs;
+  int qkv, bias, cos, sin, past_key, past_value, q_gamma, k_gamma, n_inputs, n_attrs;
 } qkv_op;
-static const qkv_op QKV_ROTARY = {"QKVRotaryCache", 0, -1, 1, 2, 3, 4, 5, 2};
-static const qkv_op QKV_CACHE = {"QKVCache", 0, 1, -1, -1, 2, 3, 4, 0};
+static const qkv_op QKV_ROTARY = {"QKVRotaryCache", 0, -1, 1, 2, 3, 4, -1, -1, 5, 2};
+static const qkv_op QKV_NORM_ROTARY = {"QKVNormRotaryCache", 0, -1, 1, 2, 3, 4, 5, 6, 7, 3};
+static const qkv_op QKV_CACHE = {"QKVCache", 0, 1, -1, -1, 2, 3, -1, -1, 4, 0};
+enum { ATTR_EPSILON = 2 }; /* QKVNormRotaryCache's, after Rotary's two */
 enum { OUT_Q, OUT_PRESENT_KEY, OUT_PRESENT_VALUE, N_OUTPUTS };
 enum { KEY_HEAD_DIM, KEY_ALIGNED, N_KEYS };
 enum { CONST_BLOCK_S, CONST_BLOCK_D, CONST_BLOCK_C };
@@ -61,6 +64,14 @@ static int shape_of(const ot_op *op, const qkv_op *k, const ot_desc *in, const d
     return 1;
   }
   if (k->bias >= 0 && ot_check_vector(op, in, k->bias, width, err, err_len)) return 1; /* [(Nq + 2 Nkv) D] */
+  for (int g = 0; k->q_gamma >= 0 && g < 2; g++) { /* q_gamma, k_gamma: [D] each */
+    const int i = g ? k->k_gamma : k->q_gamma;
+    if (in[i].rank != 1 || in[i].dims[0] != d) {
+      snprintf(err, err_len, "input %s has shape %s; it must be [%lld], head_dim (dim 3 of input %s)",
+               op->inputs[i].name, ot_shape_text(&in[i], a, sizeof a), (long long)d, kn);
+      return 1;
+    }
+  }
   out->nkv = nkv, out->past = pk->dims[2];
   out->rope.batch = qkv->dims[0], out->rope.seq = qkv->dims[1], out->rope.d = d, out->rope.heads = width / d - 2 * nkv;
   if (k->cos < 0) {
@@ -142,6 +153,29 @@ int ot_qkv_rotary_cache_params(const ot_op *op, const ot_plan *plan, const ot_de
   for (int i = 0; i < QKV_ROTARY.n_inputs + N_OUTPUTS; i++) /* the inputs, then the outputs */
     ot_put_param(slot, params, n++, &ptrs[i], sizeof ptrs[i]);
   for (int i = 0; i < 11; i++) ot_put_param(slot, params, n++, &v[i], sizeof v[i]); /* NQ .. n_new */
+  return n;
+}
+
+int ot_qkv_norm_rotary_cache_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_outputs,
+                                  const double *attrs, ot_plan *plan, char *err, size_t err_len) {
+  return plan_qkv(op, &QKV_NORM_ROTARY, in, n_inputs, n_outputs, attrs, plan, err, err_len);
+}
+
+int ot_qkv_norm_rotary_cache_params(const ot_op *op, const ot_plan *plan, const ot_desc *in, void *const *ptrs,
+                                    const double *attrs, void *storage, void **params) {
+  qrc_shape sh;
+  char err[8];
+  if (shape_of(op, &QKV_NORM_ROTARY, in, attrs, &sh, err, sizeof err)) return -1; /* the plan has checked them */
+  const int32_t v[11] = {(int32_t)sh.rope.heads, (int32_t)sh.nkv, (int32_t)sh.rope.seq, (int32_t)sh.past,
+                         (int32_t)sh.rope.d, (int32_t)sh.rope.r, (int32_t)sh.rope.cos_b, (int32_t)sh.rope.cos_s,
+                         sh.rope.w != sh.rope.r, (int32_t)attrs[OT_ROTARY_INTERLEAVED], (int32_t)plan->values[0]};
+  const float eps = (float)attrs[ATTR_EPSILON];
+  uint64_t *slot = storage;
+  int n = 0;
+  for (int i = 0; i < QKV_NORM_ROTARY.n_inputs + N_OUTPUTS; i++) /* the inputs, then the outputs */
+    ot_put_param(slot, params, n++, &ptrs[i], sizeof ptrs[i]);
+  for (int i = 0; i < 11; i++) ot_put_param(slot, params, n++, &v[i], sizeof v[i]); /* NQ .. n_new */
+  ot_put_param(slot, params, n++, &eps, sizeof eps);
   return n;
 }
 

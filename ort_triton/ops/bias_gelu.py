@@ -8,6 +8,11 @@ fusing the bias add and the activation already saves a full read and write of th
 Elementwise and memory-bound: 2 tensors move (x in, y out); math in fp32. The kernel is
 ort_triton/kernels/bias_gelu.py: a 2-D grid of (ROWS x BLOCK_H) tiles, so the bias is loaded once per
 tile and no per-element modulo is needed.
+
+BiasGeluMul and BiasGeluTanhMul: the same times a third tensor, y = gelu(x + bias) * up, GeGLU's epilogue
+(Gemma: down(gelu_tanh(gate(x)) * up(x))) between its GEMMs. One pass over [rows, H] (x and up in, y out) for
+the two the unfused graph makes (the activation, then the Mul: 5 tensor reads and writes); fp32 inside,
+rounded once.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from ..contract import IO, Kernel, OpContract, Spec
+from ..contract import IO, Kernel, OpContract, Spec, renamed
 
 BLOCK_H = 1024
 ROWS = 4
@@ -34,10 +39,21 @@ KERNEL = Kernel(
 )
 
 
-def _specs(tanh: bool) -> list[Spec]:
+MUL_KERNEL = Kernel(
+    module="ort_triton.kernels.bias_gelu",
+    fn_name="bias_gelu_mul_fwd",
+    signature={"X": "*{T}", "B": "*{T}", "U": "*{T}", "Y": "*{T}", "n_rows": "i32", "H": "i32"},
+    native_plan="ot_bias_gelu_mul_plan",
+    native_params="ot_bias_gelu_mul_params",
+    dispatch_keys=("h_div16",),
+)
+
+
+def _specs(tanh: bool, mul: bool = False) -> list[Spec]:
+    pointers = ("X", "B", "U", "Y") if mul else ("X", "B", "Y")
     return [Spec(constexprs={"TANH": int(tanh), "BLOCK_H": BLOCK_H, "ROWS": ROWS}, num_warps=NUM_WARPS,
                  keys=((aligned, 1),), consts=(ROWS, BLOCK_H),
-                 divisible_by_16=("X", "B", "Y") + (("H",) if aligned else ()))
+                 divisible_by_16=pointers + (("H",) if aligned else ()))
             for aligned in (1, 0)]  # aligned first: the planner takes the first spec that fits
 
 
@@ -79,3 +95,31 @@ def _contract(name: str, tanh: bool, doc: str) -> OpContract:
 
 BIAS_GELU = _contract("BiasGelu", False, "Y = gelu(X + bias), erf form")
 BIAS_GELU_TANH = _contract("BiasGeluTanh", True, "Y = gelu(X + bias), tanh approximation")
+
+
+def reference_bias_gelu_mul(x, bias, up, tanh=False):
+    return (reference_bias_gelu(x, bias, tanh)[0] * np.asarray(up, np.float64),)
+
+
+def _mul_body(tanh: bool) -> list[onnx.NodeProto]:
+    """BiasGelu[Tanh]'s body into `act`, then act * up: the unfused graph's two ops."""
+    return [*renamed(_body(tanh), "", {"Y": "act"}), helper.make_node("Mul", ["act", "up"], ["Y"])]
+
+
+def _mul_contract(name: str, tanh: bool, doc: str) -> OpContract:
+    return OpContract(
+        name=name, doc=doc,
+        inputs=(IO("X", "[..., H]"), IO("bias", "[H]"), IO("up", "[..., H], X's shape")),
+        outputs=(IO("Y", "[..., H]"),),
+        attrs=(),
+        types=("float16", "bfloat16", "float"),
+        body=lambda _opset: _mul_body(tanh),
+        reference=lambda x, bias, up: reference_bias_gelu_mul(x, bias, up, tanh),
+        kernel=MUL_KERNEL,
+        specializations=lambda _t: _specs(tanh, mul=True),
+    )
+
+
+BIAS_GELU_MUL = _mul_contract("BiasGeluMul", False, "Y = gelu(X + bias) * up, erf form (GeGLU's epilogue)")
+BIAS_GELU_TANH_MUL = _mul_contract("BiasGeluTanhMul", True, "Y = gelu(X + bias) * up, tanh approximation (GeGLU's "
+                                   "epilogue: Gemma)")

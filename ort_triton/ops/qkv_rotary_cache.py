@@ -23,6 +23,16 @@ The kernel (ort_triton/kernels/qkv_rotary_cache.py), one launch over a flat grid
 (s-block, head of Nq + 2 Nkv, batch) tile of new rows, read from QKV, rotated (q, k) or not (v), written
 to Q or to present at row P + s; then one program per BLOCK_C elements of each (batch, kv head) slab of
 past_key and past_value, copied to the start of the same slab of present.
+
+QKVNormRotaryCache: the same with a per-head RMSNorm of q and of k before their rotation (Qwen3's q_norm and
+k_norm, over D with a gamma [D] each):
+
+    Q           = Rotary(Transpose(RMSNorm(q as [B, S, Nq, D], q_gamma)))
+    present_key = Concat(past_key, Rotary(Transpose(RMSNorm(k as [B, S, Nkv, D], k_gamma))), axis 2)
+
+RMSNorm as ort_triton/ops/rms_norm.py defines it (fp32, rounded once to T), so the rotation reads the same T
+values as the unfused RMSNorm -> TransposeRotary chain. Without it such a layer keeps eight small kernels a decode
+step (two RMSNorm, two TransposeRotary, the Split, V's Transpose, two cache Concats).
 """
 
 from __future__ import annotations
@@ -31,7 +41,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from ..contract import IO, Kernel, OpContract, Spec
+from ..contract import IO, Kernel, OpContract, Spec, renamed
+from .rms_norm import RMS_NORM, reference_rms_norm, rms_norm_body
 from .rotary import ROTARY, reference_rotary, rope_specs, rotary_body
 
 # Elements of past one copy program moves: 4096 fp16 at 4 warps is 32 a thread, four 16-byte vectors.
@@ -131,4 +142,64 @@ QKV_ROTARY_CACHE = OpContract(
     reference=reference_qkv_rotary_cache,
     kernel=KERNEL,
     specializations=_specs,
+)
+
+
+# ---- QKVNormRotaryCache: q and k each RMSNorm-ed over D first (Qwen3) ------------------------------------------
+
+NORM_KERNEL = Kernel(
+    module="ort_triton.kernels.qkv_rotary_cache",
+    fn_name="qkv_norm_rotary_cache_fwd",
+    signature={"QKV": "*{T}", "COS": "*{T}", "SIN": "*{T}", "PK": "*{T}", "PV": "*{T}", "QG": "*{T}", "KG": "*{T}",
+               "Q": "*{T}", "K": "*{T}", "V": "*{T}", "NQ": "i32", "NKV": "i32", "S": "i32", "P": "i32", "D": "i32",
+               "R": "i32", "cos_b": "i32", "cos_s": "i32", "per_pair": "i32", "interleaved": "i32", "n_new": "i32",
+               "eps": "fp32"},
+    native_plan="ot_qkv_norm_rotary_cache_plan",
+    native_params="ot_qkv_norm_rotary_cache_params",
+    dispatch_keys=("head_dim", "aligned"),
+)
+
+
+def _norm_specs(_type_name: str) -> list[Spec]:
+    return rope_specs(("QKV", "COS", "SIN", "PK", "PV", "QG", "KG", "Q", "K", "V"), {"BLOCK_C": BLOCK_C}, (BLOCK_C,))
+
+
+def reference_qkv_norm_rotary_cache(qkv, cos, sin, past_key, past_value, q_gamma, k_gamma, interleaved=0,
+                                    rotary_dim=0, epsilon=1e-6):
+    """float64 numpy reference: split, RMSNorm of each q and k head over D, then QKVRotaryCache's rotation."""
+    qkv, past_key, past_value = (np.asarray(a, np.float64) for a in (qkv, past_key, past_value))
+    q, k, v = split_heads(qkv, past_key.shape)
+    (q,) = reference_rms_norm(q, q_gamma, epsilon)
+    (k,) = reference_rms_norm(k, k_gamma, epsilon)
+    (q_rot,) = reference_rotary(q, cos, sin, interleaved, rotary_dim)
+    (k_rot,) = reference_rotary(k, cos, sin, interleaved, rotary_dim)
+    return (q_rot, np.concatenate([past_key, k_rot], axis=2), np.concatenate([past_value, v], axis=2))
+
+
+def _norm_body(opset: int) -> list[onnx.NodeProto]:
+    n = helper.make_node
+    return [
+        *heads_body("QKV"),  # RMSNorm over the last axis, D, is the same before the head transpose or after it
+        *renamed(rms_norm_body("q_t", opset), "nq_", {"gamma": "q_gamma", "Y": "q_n"}),
+        *renamed(rms_norm_body("k_t", opset), "nk_", {"gamma": "k_gamma", "Y": "k_n"}),
+        *rotary_body(opset, "q_n", "Q", prefix="rq_"),
+        *rotary_body(opset, "k_n", "k_rot", prefix="rk_"),
+        n("Concat", ["past_key", "k_rot"], ["present_key"], axis=2),
+        n("Concat", ["past_value", "v_t"], ["present_value"], axis=2),
+    ]
+
+
+QKV_NORM_ROTARY_CACHE = OpContract(
+    name="QKVNormRotaryCache",
+    doc="QKVRotaryCache with each q and k head RMSNorm-ed over D before its rotation: Q = Rotary(RMSNorm(q, "
+        "q_gamma)), present_key = Concat(past_key, Rotary(RMSNorm(k, k_gamma))), present_value = Concat(past_value, "
+        "v); RMSNorm as the RMSNorm op's (fp32, rounded once).",
+    inputs=(*QKV_ROTARY_CACHE.inputs, IO("q_gamma", "[D], q's RMSNorm weight"), IO("k_gamma", "[D], k's")),
+    outputs=QKV_ROTARY_CACHE.outputs,
+    attrs=(*ROTARY.attrs, *RMS_NORM.attrs),
+    types=ROTARY.types,
+    body=_norm_body,
+    reference=reference_qkv_norm_rotary_cache,
+    kernel=NORM_KERNEL,
+    specializations=_norm_specs,
 )

@@ -34,7 +34,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from ..contract import IO, Attr, Kernel, OpContract, Spec, attr_ref
+from ..contract import IO, Attr, Kernel, OpContract, Spec, attr_ref, renamed
 
 MAX_HEAD_DIM = 256
 BLOCK_DS = (32, 64, 128, 256)
@@ -158,13 +158,7 @@ def _body(_opset: int, x: str = "X") -> list[onnx.NodeProto]:
 def rotary_body(opset: int, x: str, y: str, prefix: str) -> list[onnx.NodeProto]:
     """Rotary's body reading `x` and writing `y`, its other values renamed with `prefix`: for a body that
     rotates more than one tensor (QKVRotaryCache's q and k) with the function's cos, sin and attributes."""
-    nodes = _body(opset, x)
-    made = {o for node in nodes for o in node.output}
-    name = lambda v: y if v == "Y" else prefix + v if v in made else v
-    for node in nodes:
-        node.input[:] = [name(v) for v in node.input]
-        node.output[:] = [name(v) for v in node.output]
-    return nodes
+    return renamed(_body(opset, x), prefix, {"Y": y})
 
 
 ROTARY = OpContract(

@@ -14,7 +14,7 @@ import torch
 
 from ort_triton import decoders
 
-TINY = ("llama-tiny", "mistral-tiny", "qwen2-tiny", "gpt2-tiny", "phi-tiny")
+TINY = ("llama-tiny", "mistral-tiny", "qwen2-tiny", "qwen3-tiny", "gemma-tiny", "gpt2-tiny", "phi-tiny")
 CASES = [(m, e, None) for m in TINY for e in decoders.EXPORTERS] + [("llama-tiny", "dynamo", 23)]
 RTOL = 1e-4
 

@@ -1,5 +1,6 @@
 """GELU rules on hand-built graphs: every spelling they claim (with and without the MatMul bias), and the
-ones they must refuse; fused graphs give the original's outputs on ORT CPU."""
+ones they must refuse; fused graphs give the original's outputs on ORT CPU. gelu_mul (GeGLU, opt-in) on a
+hand-built gated MLP and on Gemma's exports."""
 
 import math
 
@@ -159,3 +160,70 @@ def test_float16_constants_still_refuse_another_function():
     out, rep = graph_rewrites.optimize(_to_float16(_model(pre + nodes, inits + consts)), report=True)
     assert rep.rules["gelu_tanh"].matched == 0
     assert any("constants are not those of the tanh gelu" in r.reason for r in rep.rules["gelu_tanh"].refused)
+
+
+# ---- gelu_mul: GeGLU's product (opt-in) ---------------------------------------------------------------------------
+
+def _geglu(approximate, up_shape=("n", H), swap=False):
+    """y = Gelu(x @ w + b) * (x @ w2), the product's operands in either order; up_shape: the up operand's declared
+    shape (a broadcasting [1, H] is refused)."""
+    w2 = _c("w2", RNG.normal(size=(16, H)))
+    nodes = [helper.make_node("Add", ["m", "b"], ["s"]),
+             helper.make_node("Gelu", ["s"], ["g"], approximate=approximate),
+             helper.make_node("MatMul", ["x", "w2"], ["u"] if up_shape == ("n", H) else ["u0"])]
+    inits = [_c("b", RNG.normal(size=H)), w2]
+    if up_shape != ("n", H):  # u = a [1, H] slice of the up product: broadcasts against the gate
+        inits += [numpy_helper.from_array(np.array([v], np.int64), name) for name, v in (("z", 0), ("o", 1))]
+        nodes += [helper.make_node("Slice", ["u0", "z", "o", "z"], ["u"])]
+    nodes += [helper.make_node("Mul", ["u", "g"] if swap else ["g", "u"], ["y"])]
+    return _model(nodes, inits, opset=20)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("swap", [False, True])
+def test_gelu_mul(approximate, swap):
+    m = _geglu(approximate, swap=swap)
+    plain = graph_rewrites.optimize(m)  # off by default: BiasGelu[Tanh] and the Mul stay two ops
+    fused_op = "BiasGeluTanhMul" if approximate == "tanh" else "BiasGeluMul"
+    plain_ops = graph_rewrites.op_counts(plain)
+    assert plain_ops["Mul"] == 1 and f"ai.ort_triton.{fused_op}" not in plain_ops, plain_ops
+    out, rep = graph_rewrites.optimize(m, report=True, enable=["gelu_mul"])
+    assert rep.rules["gelu_mul"].matched == 1, rep.rules["gelu_mul"]
+    ops = graph_rewrites.op_counts(out)
+    assert ops == {"MatMul": 2, f"ai.ort_triton.{fused_op}": 1}, ops
+    (node,) = [n for n in out.graph.node if n.domain]
+    assert list(node.input)[1:] == ["b", "u"]  # the bias folded first, then the product
+    feeds = {"x": RNG.normal(0, 2, (3, 16)).astype(np.float32)}
+    (a,), (b,) = (ort.InferenceSession(g.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+                  for g in (m, out))
+    assert np.abs(a - b).max() / np.abs(a).max() < 1e-5
+
+
+def test_gelu_mul_refuses_a_broadcasting_product():
+    m = _geglu("tanh", up_shape=(1, H))
+    out, rep = graph_rewrites.optimize(m, report=True, enable=["gelu_mul"])
+    st = rep.rules["gelu_mul"]
+    assert st.matched == 0 and any("not provably one shape" in r.reason for r in st.refused), st
+    assert "ai.ort_triton.BiasGeluTanh" in graph_rewrites.op_counts(out)
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_gemma_export_fuses_its_geglu(tmp_path_factory, exporter):
+    """Gemma's MLP, down(gelu_tanh(gate(x)) * up(x)): with gelu_mul every layer's product is one BiasGeluTanhMul, and
+    the rewritten model (every rule) gives the original's outputs on ORT CPU, prefill and a decode step."""
+    from ort_triton import decoders
+    from tests.graph_rewrites.test_swiglu_rules import _export
+
+    path = _export(tmp_path_factory, "gemma-tiny", exporter)
+    model = decoders.build("gemma-tiny")
+    layers = decoders.cache_spec(model)[0]
+    out, rep = graph_rewrites.optimize(path, report=True, enable=["gelu_mul"])
+    ops = graph_rewrites.op_counts(out)
+    assert rep.rules["gelu_mul"].matched == layers and not rep.rules["gelu_mul"].refused, rep.rules["gelu_mul"]
+    assert ops["ai.ort_triton.BiasGeluTanhMul"] == layers and "ai.ort_triton.BiasGeluTanh" not in ops, ops
+    a = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    b = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
+    for batch, seq, past in ((2, 5, 3), (3, 1, 6)):
+        feeds = decoders.sample_inputs(model, batch=batch, seq=seq, past=past, left_pad=1)
+        for x, y in zip(a.run(None, feeds), b.run(None, feeds)):
+            assert np.abs(x - y).max() / np.abs(x).max() < 1e-5

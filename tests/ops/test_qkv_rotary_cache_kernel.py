@@ -1,8 +1,9 @@
-"""QKVRotaryCache (ort_triton/ops/qkv_rotary_cache.py): the kernel against the float64 reference under the
-interpreter on CPU (poisoned outputs; prefill, decode, an empty cache, no new rows, GQA and MQA, odd head dims,
-partial rotary, both pairings, cos/sin per channel or per pair, broadcast or per batch row, a past longer than
-one copy block), the reference against its definition by Rotary's, the native planner through the library's
-test hook, no register spills, and on the GPU the op through ORT's CUDA EP (tests/gpu runs, marked gpu)."""
+"""QKVRotaryCache and QKVNormRotaryCache (ort_triton/ops/qkv_rotary_cache.py): the kernel against the float64
+reference under the interpreter on CPU, with the head norms and without (poisoned outputs; prefill, decode, an
+empty cache, no new rows, GQA and MQA, odd head dims, partial rotary, both pairings, cos/sin per channel or per
+pair, broadcast or per batch row, a past longer than one copy block), the references against their definitions by
+Rotary's and RMSNorm's, the native planner through the library's test hook, no register spills, and on the GPU the
+op through ORT's CUDA EP (tests/gpu runs, marked gpu)."""
 
 import os
 import re
@@ -14,7 +15,14 @@ from onnx import TensorProto, helper
 
 from ort_triton.contract import DOMAIN
 from ort_triton.kernels.qkv_rotary_cache import qkv_rotary_cache
-from ort_triton.ops.qkv_rotary_cache import BLOCK_C, QKV_ROTARY_CACHE, reference_qkv_rotary_cache
+from ort_triton.ops.qkv_rotary_cache import (
+    BLOCK_C,
+    QKV_NORM_ROTARY_CACHE,
+    QKV_ROTARY_CACHE,
+    reference_qkv_norm_rotary_cache,
+    reference_qkv_rotary_cache,
+)
+from ort_triton.ops.rms_norm import reference_rms_norm
 from ort_triton.ops.rotary import BLOCK_DS, block_s, reference_rotary
 from tests.native_hooks import load, plan_attrs
 
@@ -36,26 +44,42 @@ CASES = [
 ]
 
 
-def _inputs(case, dtype, seed):
+def _inputs(case, dtype, seed, norm=False):
+    """QKV, cos, sin, past_key, past_value (and with norm the two gammas, [D] each, around 1)."""
     b, s, nq, nkv, d, p, r, per_pair, rank, cb, cs = case
     r = r or d
     gen = torch.Generator().manual_seed(seed)
     w = r // 2 if per_pair else r
     cos_shape = (cb, 1, cs, w) if rank == 4 else (cb, cs, w)
     rnd = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype).to(DEVICE)
-    return [rnd(b, s, (nq + 2 * nkv) * d), rnd(*cos_shape), rnd(*cos_shape), rnd(b, nkv, p, d), rnd(b, nkv, p, d)]
+    ins = [rnd(b, s, (nq + 2 * nkv) * d), rnd(*cos_shape), rnd(*cos_shape), rnd(b, nkv, p, d), rnd(b, nkv, p, d)]
+    return ins + [(1 + 0.3 * rnd(d).double()).to(dtype) for _ in range(2 if norm else 0)]
+
+
+EPS = 1e-5
+
+
+def _run_and_reference(ins, interleaved, rotary_dim, out=None):
+    """The kernel's outputs and the float64 reference's: QKVNormRotaryCache's when ins has the two gammas."""
+    arrays = [t.double().cpu().numpy() for t in ins]
+    if len(ins) == 7:
+        got = qkv_rotary_cache(*ins[:5], interleaved, rotary_dim, out=out, q_gamma=ins[5], k_gamma=ins[6],
+                               epsilon=EPS)
+        return got, reference_qkv_norm_rotary_cache(*arrays, interleaved, rotary_dim, EPS)
+    return qkv_rotary_cache(*ins, interleaved, rotary_dim, out=out), reference_qkv_rotary_cache(*arrays, interleaved,
+                                                                                                rotary_dim)
 
 
 @pytest.mark.parametrize("dtype", list(TOL))
 @pytest.mark.parametrize("interleaved", [0, 1])
+@pytest.mark.parametrize("norm", [False, True], ids=["rotary", "norm"])
 @pytest.mark.parametrize("case", CASES, ids=str)
-def test_matches_reference(case, interleaved, dtype):
-    ins = _inputs(case, dtype, sum(case))
+def test_matches_reference(case, norm, interleaved, dtype):
+    ins = _inputs(case, dtype, sum(case), norm)
     b, s, nq, nkv, d, p = case[:6]
     out = tuple(torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
                 for shape in ((b, nq, s, d), (b, nkv, p + s, d), (b, nkv, p + s, d)))
-    got = qkv_rotary_cache(*ins, interleaved, case[6], out=out)
-    want = reference_qkv_rotary_cache(*(t.double().cpu().numpy() for t in ins), interleaved, case[6])
+    got, want = _run_and_reference(ins, interleaved, case[6], out)
     for name, g, w in zip(("Q", "present_key", "present_value"), got, want):
         g = g.double().cpu().numpy()
         assert g.shape == w.shape, name
@@ -83,6 +107,23 @@ def test_reference_is_rotary_then_concat():
     np.testing.assert_array_equal(got[2], np.concatenate([past_v, v], axis=2))
 
 
+def test_norm_reference_is_rms_norm_then_rotary():
+    """QKVNormRotaryCache's reference by its definition: each q and k head RMSNorm-ed over D, then QKVRotaryCache's
+    reference on the normed heads packed back."""
+    rng = np.random.default_rng(4)
+    b, s, nq, nkv, d, p = 2, 3, 4, 2, 8, 5
+    qkv, past_k, past_v = rng.normal(size=(b, s, (nq + 2 * nkv) * d)), *rng.normal(size=(2, b, nkv, p, d))
+    cos, sin = rng.normal(size=(2, b, s, d))
+    gq, gk = rng.normal(1, 0.3, (2, d))
+    heads = qkv.reshape(b, s, nq + 2 * nkv, d).copy()
+    heads[:, :, :nq] = reference_rms_norm(heads[:, :, :nq], gq, 1e-5)[0]
+    heads[:, :, nq:nq + nkv] = reference_rms_norm(heads[:, :, nq:nq + nkv], gk, 1e-5)[0]
+    got = reference_qkv_norm_rotary_cache(qkv, cos, sin, past_k, past_v, gq, gk, epsilon=1e-5)
+    want = reference_qkv_rotary_cache(heads.reshape(qkv.shape), cos, sin, past_k, past_v)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
+
+
 def test_bad_shapes_are_a_clear_error():
     z = lambda *shape: torch.zeros(*shape, device=DEVICE)
     with pytest.raises(ValueError, match=r"last dim 32 is not \(Nq \+ 2 \* 2\) \* 8"):
@@ -91,6 +132,10 @@ def test_bad_shapes_are_a_clear_error():
         qkv_rotary_cache(z(1, 2, 64), z(1, 2, 8), z(1, 2, 8), z(1, 2, 3, 8), z(1, 2, 4, 8))
     with pytest.raises(ValueError, match=r"qkv_rotary_cache: cos must be \[1 or B, 1 or S, R or R/2\]"):
         qkv_rotary_cache(z(1, 2, 64), z(1, 3, 8), z(1, 3, 8), z(1, 2, 3, 8), z(1, 2, 3, 8))
+    with pytest.raises(ValueError, match="both q_gamma and k_gamma"):
+        qkv_rotary_cache(z(1, 2, 64), z(1, 2, 8), z(1, 2, 8), z(1, 2, 3, 8), z(1, 2, 3, 8), q_gamma=z(8))
+    with pytest.raises(ValueError, match=r"gammas must be \[8\]"):
+        qkv_rotary_cache(z(1, 2, 64), z(1, 2, 8), z(1, 2, 8), z(1, 2, 3, 8), z(1, 2, 3, 8), q_gamma=z(8), k_gamma=z(4))
 
 
 # ---- the native planner (ort_triton/native/qkv_rotary_cache.c), no GPU needed ----------------------------------
@@ -149,6 +194,27 @@ def test_plan_refusals_name_the_input(lib, shapes, attrs, match):
     assert msg.startswith("ort_triton QKVRotaryCache"), msg
 
 
+@pytest.mark.parametrize("qkv, cos, past, aligned", [
+    ((1, 1, 4096), (1, 1, 1, 128), (1, 8, 1024, 128), 1),   # Qwen3-0.6B decode: 16 q heads, 8 kv heads of 128
+    ((4, 9, 480), (4, 9, 40), (4, 2, 3, 80), 0),             # D = 80, per pair
+])
+def test_norm_plan_grid_spec_and_outputs(lib, qkv, cos, past, aligned):
+    d = past[3]
+    rc, msg = plan_attrs(lib, "QKVNormRotaryCache", [qkv, cos, cos, past, past, (d,), (d,)], 3, (0, 0, 1e-6))
+    assert rc == 0, msg
+    check_plan(msg, qkv, past, aligned)
+
+
+@pytest.mark.parametrize("gammas, match", [
+    ([(64,), (32,)], r"input k_gamma has shape \[32\]; it must be \[64\], head_dim \(dim 3 of input past_key\)"),
+    ([(1, 64), (64,)], r"input q_gamma has shape \[1,64\]; it must be \[64\]"),
+])
+def test_norm_plan_refuses_a_gamma_not_head_dim(lib, gammas, match):
+    shapes = [(1, 1, 3072), (1, 1, 1, 64), (1, 1, 1, 64), (1, 8, 4, 64), (1, 8, 4, 64), *gammas]
+    rc, msg = plan_attrs(lib, "QKVNormRotaryCache", shapes, 3, (0, 0, 1e-6))
+    assert rc != 0 and re.search(match, msg), msg
+
+
 # (no register spills: tests/ops/test_rotary_kernel.py::test_no_spills covers QKVRotaryCache's specs)
 
 
@@ -157,29 +223,31 @@ def test_plan_refusals_name_the_input(lib, shapes, attrs, match):
 @pytest.mark.gpu
 @pytest.mark.parametrize("type_name", list(ONNX_TYPES))
 @pytest.mark.parametrize("interleaved", [0, 1])
+@pytest.mark.parametrize("norm", [False, True], ids=["rotary", "norm"])
 @pytest.mark.parametrize("case", CASES + [(16, 1, 32, 8, 64, 1024, 0, False, 4, 16, 1),
                                           (2, 300, 32, 8, 64, 0, 0, False, 4, 1, 300)], ids=str)
-def test_cuda_ep_runs_the_kernel(gpu_library, case, interleaved, type_name):
+def test_cuda_ep_runs_the_kernel(gpu_library, case, norm, interleaved, type_name):
     from ort_triton.runtime import launch_count, make_session
 
     t, torch_dtype = ONNX_TYPES[type_name]
-    ins = [a.to(torch_dtype).float().cpu().numpy() for a in _inputs(case, torch.float32, sum(case))]
-    names = [i.name for i in QKV_ROTARY_CACHE.inputs]
-    outs = [o.name for o in QKV_ROTARY_CACHE.outputs]
+    ins = [a.to(torch_dtype).float().cpu().numpy() for a in _inputs(case, torch.float32, sum(case), norm)]
+    op = QKV_NORM_ROTARY_CACHE if norm else QKV_ROTARY_CACHE
+    names = [i.name for i in op.inputs]
+    outs = [o.name for o in op.outputs]
     nodes = [helper.make_node("Cast", [f"{n}32"], [n], to=t) for n in names]
-    nodes += [helper.make_node("QKVRotaryCache", names, outs, domain=DOMAIN, interleaved=interleaved,
-                               rotary_dim=case[6])]
+    attrs = dict(interleaved=interleaved, rotary_dim=case[6], **({"epsilon": EPS} if norm else {}))
+    nodes += [helper.make_node(op.name, names, outs, domain=DOMAIN, **attrs)]
     nodes += [helper.make_node("Cast", [o], [f"{o}32"], to=TensorProto.FLOAT) for o in outs]
     graph = helper.make_graph(nodes, "qrc", [helper.make_tensor_value_info(f"{n}32", TensorProto.FLOAT, a.shape)
                                              for n, a in zip(names, ins)],
                               [helper.make_tensor_value_info(f"{o}32", TensorProto.FLOAT, None) for o in outs])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)],
-                              functions=[QKV_ROTARY_CACHE.function_proto(17)], ir_version=10)
+                              functions=[op.function_proto(17)], ir_version=10)
     sess = make_session(model, providers=["CUDAExecutionProvider"], library=gpu_library)
     before = launch_count(gpu_library)
     got = sess.run(None, {f"{n}32": a for n, a in zip(names, ins)})
     assert launch_count(gpu_library) == before + (1 if case[1] or case[5] else 0), "the Triton kernel did not run"
-    want = reference_qkv_rotary_cache(*ins, interleaved, case[6])
+    want = op.reference(*ins, **attrs)
     for g, w in zip(got, want):
         assert g.shape == w.shape
         if w.size:

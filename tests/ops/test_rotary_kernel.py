@@ -253,10 +253,11 @@ def kernel_stacks(op_name, arch, tmp_path):
 
 @pytest.mark.parametrize("arch", [80, 90])
 @pytest.mark.parametrize("op_name, n_specs", [("Rotary", 2 * len(BLOCK_DS)), ("TransposeRotary", 2 * len(BLOCK_DS)),
-                                              ("QKVRotaryCache", 2 * len(BLOCK_DS)), ("SiluMul", 2)])
+                                              ("QKVRotaryCache", 2 * len(BLOCK_DS)),
+                                              ("QKVNormRotaryCache", 2 * len(BLOCK_DS)), ("SiluMul", 2)])
 def test_no_spills(op_name, n_specs, arch, tmp_path):
-    """Every spec of Rotary, TransposeRotary, QKVRotaryCache and SiluMul (tests/ops/test_swiglu_kernel.py and
-    test_qkv_rotary_cache_kernel.py defer to this one), all types."""
+    """Every spec of Rotary, TransposeRotary, QKVRotaryCache, QKVNormRotaryCache and SiluMul
+    (tests/ops/test_swiglu_kernel.py and test_qkv_rotary_cache_kernel.py defer to this one), all types."""
     rows = kernel_stacks(op_name, arch, tmp_path)
     assert len(rows) == 3 * n_specs
     assert all(r["stack"] == 0 for r in rows), [r for r in rows if r["stack"]]
