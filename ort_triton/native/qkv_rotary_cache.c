@@ -140,20 +140,30 @@ int ot_qkv_rotary_cache_plan(const ot_op *op, const ot_desc *in, int n_inputs, i
   return plan_qkv(op, &QKV_ROTARY, in, n_inputs, n_outputs, attrs, plan, err, err_len);
 }
 
-int ot_qkv_rotary_cache_params(const ot_op *op, const ot_plan *plan, const ot_desc *in, void *const *ptrs,
-                               const double *attrs, void *storage, void **params) {
+/* QKVRotaryCache's and QKVNormRotaryCache's parameters: the inputs, the outputs, NQ .. n_new, and the norm's eps */
+static int rotary_params(const ot_op *op, const qkv_op *k, const ot_plan *plan, const ot_desc *in, void *const *ptrs,
+                         const double *attrs, void *storage, void **params) {
   qrc_shape sh;
   char err[8];
-  if (shape_of(op, &QKV_ROTARY, in, attrs, &sh, err, sizeof err)) return -1; /* the plan has checked them */
+  if (shape_of(op, k, in, attrs, &sh, err, sizeof err)) return -1; /* the plan has checked them */
   const int32_t v[11] = {(int32_t)sh.rope.heads, (int32_t)sh.nkv, (int32_t)sh.rope.seq, (int32_t)sh.past,
                          (int32_t)sh.rope.d, (int32_t)sh.rope.r, (int32_t)sh.rope.cos_b, (int32_t)sh.rope.cos_s,
                          sh.rope.w != sh.rope.r, (int32_t)attrs[OT_ROTARY_INTERLEAVED], (int32_t)plan->values[0]};
   uint64_t *slot = storage;
   int n = 0;
-  for (int i = 0; i < QKV_ROTARY.n_inputs + N_OUTPUTS; i++) /* the inputs, then the outputs */
+  for (int i = 0; i < k->n_inputs + N_OUTPUTS; i++) /* the inputs, then the outputs */
     ot_put_param(slot, params, n++, &ptrs[i], sizeof ptrs[i]);
   for (int i = 0; i < 11; i++) ot_put_param(slot, params, n++, &v[i], sizeof v[i]); /* NQ .. n_new */
+  if (k->q_gamma >= 0) {
+    const float eps = (float)attrs[ATTR_EPSILON];
+    ot_put_param(slot, params, n++, &eps, sizeof eps);
+  }
   return n;
+}
+
+int ot_qkv_rotary_cache_params(const ot_op *op, const ot_plan *plan, const ot_desc *in, void *const *ptrs,
+                               const double *attrs, void *storage, void **params) {
+  return rotary_params(op, &QKV_ROTARY, plan, in, ptrs, attrs, storage, params);
 }
 
 int ot_qkv_norm_rotary_cache_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_outputs,
@@ -163,20 +173,7 @@ int ot_qkv_norm_rotary_cache_plan(const ot_op *op, const ot_desc *in, int n_inpu
 
 int ot_qkv_norm_rotary_cache_params(const ot_op *op, const ot_plan *plan, const ot_desc *in, void *const *ptrs,
                                     const double *attrs, void *storage, void **params) {
-  qrc_shape sh;
-  char err[8];
-  if (shape_of(op, &QKV_NORM_ROTARY, in, attrs, &sh, err, sizeof err)) return -1; /* the plan has checked them */
-  const int32_t v[11] = {(int32_t)sh.rope.heads, (int32_t)sh.nkv, (int32_t)sh.rope.seq, (int32_t)sh.past,
-                         (int32_t)sh.rope.d, (int32_t)sh.rope.r, (int32_t)sh.rope.cos_b, (int32_t)sh.rope.cos_s,
-                         sh.rope.w != sh.rope.r, (int32_t)attrs[OT_ROTARY_INTERLEAVED], (int32_t)plan->values[0]};
-  const float eps = (float)attrs[ATTR_EPSILON];
-  uint64_t *slot = storage;
-  int n = 0;
-  for (int i = 0; i < QKV_NORM_ROTARY.n_inputs + N_OUTPUTS; i++) /* the inputs, then the outputs */
-    ot_put_param(slot, params, n++, &ptrs[i], sizeof ptrs[i]);
-  for (int i = 0; i < 11; i++) ot_put_param(slot, params, n++, &v[i], sizeof v[i]); /* NQ .. n_new */
-  ot_put_param(slot, params, n++, &eps, sizeof eps);
-  return n;
+  return rotary_params(op, &QKV_NORM_ROTARY, plan, in, ptrs, attrs, storage, params);
 }
 
 int ot_qkv_cache_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_outputs, const double *attrs,

@@ -116,12 +116,17 @@ def heads_body(qkv: str, q_t: str = "q_t") -> list[onnx.NodeProto]:
     ]
 
 
-def _body(opset: int) -> list[onnx.NodeProto]:
+def _body(opset: int, norm: bool = False) -> list[onnx.NodeProto]:
+    """QKVRotaryCache's body; norm: QKVNormRotaryCache's, q and k RMSNorm-ed (the RMSNorm op's body) first."""
     n = helper.make_node
-    return [
-        *heads_body("QKV"),
-        *rotary_body(opset, "q_t", "Q", prefix="rq_"),
-        *rotary_body(opset, "k_t", "k_rot", prefix="rk_"),
+    nodes, q, k = heads_body("QKV"), "q_t", "k_t"
+    if norm:  # RMSNorm over the last axis, D, is the same before the head transpose or after it
+        nodes += [*renamed(rms_norm_body("q_t", opset), "nq_", {"gamma": "q_gamma", "Y": "q_n"}),
+                  *renamed(rms_norm_body("k_t", opset), "nk_", {"gamma": "k_gamma", "Y": "k_n"})]
+        q, k = "q_n", "k_n"
+    return nodes + [
+        *rotary_body(opset, q, "Q", prefix="rq_"),
+        *rotary_body(opset, k, "k_rot", prefix="rk_"),
         n("Concat", ["past_key", "k_rot"], ["present_key"], axis=2),
         n("Concat", ["past_value", "v_t"], ["present_value"], axis=2),
     ]
@@ -176,19 +181,6 @@ def reference_qkv_norm_rotary_cache(qkv, cos, sin, past_key, past_value, q_gamma
     return (q_rot, np.concatenate([past_key, k_rot], axis=2), np.concatenate([past_value, v], axis=2))
 
 
-def _norm_body(opset: int) -> list[onnx.NodeProto]:
-    n = helper.make_node
-    return [
-        *heads_body("QKV"),  # RMSNorm over the last axis, D, is the same before the head transpose or after it
-        *renamed(rms_norm_body("q_t", opset), "nq_", {"gamma": "q_gamma", "Y": "q_n"}),
-        *renamed(rms_norm_body("k_t", opset), "nk_", {"gamma": "k_gamma", "Y": "k_n"}),
-        *rotary_body(opset, "q_n", "Q", prefix="rq_"),
-        *rotary_body(opset, "k_n", "k_rot", prefix="rk_"),
-        n("Concat", ["past_key", "k_rot"], ["present_key"], axis=2),
-        n("Concat", ["past_value", "v_t"], ["present_value"], axis=2),
-    ]
-
-
 QKV_NORM_ROTARY_CACHE = OpContract(
     name="QKVNormRotaryCache",
     doc="QKVRotaryCache with each q and k head RMSNorm-ed over D before its rotation: Q = Rotary(RMSNorm(q, "
@@ -198,7 +190,7 @@ QKV_NORM_ROTARY_CACHE = OpContract(
     outputs=QKV_ROTARY_CACHE.outputs,
     attrs=(*ROTARY.attrs, *RMS_NORM.attrs),
     types=ROTARY.types,
-    body=_norm_body,
+    body=lambda opset: _body(opset, norm=True),
     reference=reference_qkv_norm_rotary_cache,
     kernel=NORM_KERNEL,
     specializations=_norm_specs,
