@@ -6,7 +6,7 @@ One function, three modes (MODE, a runtime argument, so one compiled spec serves
         s = T(x + skip), rstd = 1 / sqrt(mean(s^2) + eps) per row (a first pass over K; program 0 writes s),
         n = T(s * rstd * gamma), then acc[j, m] = sum_k WT[j, k] * n[m, k] (and acc2 with WT2 for SwiGLU):
         Y = T(acc), or Y = T(silu(T(acc)) * T(acc2)).
-    MODE 1, the norm alone (more rows; grid = ceil(M / BLOCK_M)): n into NB [M, K], s into S.
+    MODE 1, the norm alone (more rows; grid = M, one row a program in ROW_BLOCK chunks): n into NB [M, K], s into S.
     MODE 2, SwiGLU alone (grid = ceil(M / BLOCK_M) x ceil(N / BLOCK_N) programs, flattened):
         Y = T(silu(GB) * UB), GB and UB [M, N] the two GEMMs cuBLAS ran on NB between the launches.
 
@@ -51,10 +51,11 @@ def _rstd(X, R, S, rows, m_ok, K, eps, store_sum, T, BLOCK_M: tl.constexpr, BLOC
 
 
 @triton.jit
-def _rstd_one_row(X, R, S, K, eps, store_sum, T, BLOCK_M: tl.constexpr, ROW_BLOCK: tl.constexpr):
-    """_rstd of row 0 alone (a decode step at batch 1) in 1-D chunks of ROW_BLOCK: K = 2048 is one chunk, one round
-    trip to memory. The [BLOCK_M, BLOCK_K] loop would take K / BLOCK_K dependent ones before the weight streams
-    (session 24, H100: Llama's norm + Q/K/V 11.2 us that way, 9.1 us this way)."""
+def _rstd_one_row(X, R, S, K, eps, store_sum, T, ROW_BLOCK: tl.constexpr):
+    """_rstd of the one row at X, R (S: where its sum goes) in 1-D chunks of ROW_BLOCK, a scalar: K = 2048 is one
+    chunk, one round trip to memory. The [BLOCK_M, BLOCK_K] loop would take K / BLOCK_K dependent ones: before the
+    weight streams at a decode step of batch 1 (session 24, H100: Llama's norm + Q/K/V 11.2 us that way, 9.1 us this
+    way), and in MODE 1, where 16 rows a program in [16, 128] tiles made Llama-1B's prefill 1x512 0.72x (session 26)."""
     ks = tl.arange(0, ROW_BLOCK)
     ss = tl.zeros([ROW_BLOCK], tl.float32)
     for k in range(0, K, ROW_BLOCK):
@@ -62,8 +63,7 @@ def _rstd_one_row(X, R, S, K, eps, store_sum, T, BLOCK_M: tl.constexpr, ROW_BLOC
         s = _sum_tile(X, R, k + ks, ok, T)
         tl.store(S + k + ks, s.to(T), mask=ok & (store_sum != 0))
         ss += s * s
-    r = tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(tl.sum(ss, axis=0), tl.full([], K, tl.float32)) + eps))
-    return tl.full([BLOCK_M], 1.0, tl.float32) * r
+    return tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(tl.sum(ss, axis=0), tl.full([], K, tl.float32)) + eps))
 
 
 @triton.jit
@@ -95,7 +95,8 @@ def norm_linear_fwd(
         # only program 0 writes the sum; every program needs rstd (M x K from L2, the weight is far more). Rows
         # past M hold rstd 1 over zeros: finite, never stored.
         if M == 1:
-            rstd = _rstd_one_row(X, R, S, K, eps, store_sum * (pid == 0), T, BLOCK_M, ROW_BLOCK)
+            rstd = tl.full([BLOCK_M], 1.0, tl.float32) * _rstd_one_row(X, R, S, K, eps, store_sum * (pid == 0), T,
+                                                                       ROW_BLOCK)
         else:
             rstd = _rstd(X, R, S, rows, m_ok, K, eps, store_sum * (pid == 0), T, BLOCK_M, BLOCK_K)
         acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
@@ -113,16 +114,15 @@ def norm_linear_fwd(
             acc = _silu_mul(acc.to(T).to(tl.float32), acc2.to(T).to(tl.float32))
         out = rows[None, :].to(tl.int64) * N + cols[:, None]
         tl.store(Y + out, acc.to(T), mask=(cols < N)[:, None] & m_ok[None, :])
-    elif MODE == 1:
-        rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
-        m_ok = rows < M
-        rstd = _rstd(X, R, S, rows, m_ok, K, eps, store_sum, T, BLOCK_M, BLOCK_K)
-        for k in range(0, K, BLOCK_K):
-            ok = m_ok[:, None] & (k + ks < K)[None, :]
-            offs = rows.to(tl.int64)[:, None] * K + (k + ks)[None, :]
-            s = _sum_tile(X, R, offs, ok, T)
-            g = tl.load(G + k + ks, mask=k + ks < K, other=0.0).to(tl.float32)
-            tl.store(NB + offs, (s * rstd[:, None] * g[None, :]).to(T), mask=ok)
+    elif MODE == 1:  # row pid: its sum (re-read from X and R, in L1/L2 by now) times rstd and gamma
+        row = pid.to(tl.int64) * K
+        rstd = _rstd_one_row(X + row, R + row, S + row, K, eps, store_sum, T, ROW_BLOCK)
+        cs = tl.arange(0, ROW_BLOCK)
+        for k in range(0, K, ROW_BLOCK):
+            ok = k + cs < K
+            s = _sum_tile(X + row, R + row, k + cs, ok, T)
+            g = tl.load(G + k + cs, mask=ok, other=0.0).to(tl.float32)
+            tl.store(NB + row + k + cs, (s * rstd * g).to(T), mask=ok)
     else:
         col_blocks = tl.cdiv(N, BLOCK_N)
         rows = (pid // col_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -161,8 +161,7 @@ def norm_linear(x, skip, gamma, wt, wt2=None, epsilon=1e-6, store_sum=False, *, 
                                                       int(store_sum), 0, **args)
     else:
         nb = x2.new_empty(m, k)
-        norm_linear_fwd[(triton.cdiv(m, 16),)](x2, r2, gamma, wt, w2, y, s, nb, y, y, m, n, k, epsilon,
-                                               int(store_sum), 1, **args)
+        norm_linear_fwd[(m,)](x2, r2, gamma, wt, w2, y, s, nb, y, y, m, n, k, epsilon, int(store_sum), 1, **args)
         if wt2 is None:
             torch.matmul(nb, wt.t(), out=y.view(m, n))
         else:

@@ -2,10 +2,10 @@
  * ort_triton/ops/norm_linear.py; kernel: ort_triton/kernels/norm_linear.py).
  * Inputs: X [..., K], skip (X's shape), gamma [K], WT [N, K] (SwiGLU: WGT, WUT [N, K]). Outputs: Y [..., N], sum.
  * Up to BLOCK_M rows and a fused spec for (K, N): one launch, MODE 0, grid ceil(N / BLOCK_N).
- * Otherwise the steps: launch 0 (MODE 1) normalises the rows into workspace region WS_N and writes sum; cuBLAS
- * multiplies them by the weight (TN, as Linear) into Y, or for SwiGLU by each weight into WS_G and WS_U; launch 1
- * (MODE 2, SwiGLU only) writes Y = silu(G) * U. spec consts = (rows: the fused spec's most, the steps' per program;
- * BLOCK_N, BLOCK_K). */
+ * Otherwise the steps: launch 0 (MODE 1, a program a row) normalises the rows into workspace region WS_N and writes
+ * sum; cuBLAS multiplies them by the weight (TN, as Linear) into Y, or for SwiGLU by each weight into WS_G and WS_U;
+ * launch 1 (MODE 2, SwiGLU only) writes Y = silu(G) * U in tiles of BLOCK_M rows. spec consts = (rows: the fused
+ * spec's most, the steps' rows a MODE 2 tile; BLOCK_N, BLOCK_K). */
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
@@ -96,14 +96,15 @@ int ot_norm_linear_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_
   const size_t elem = ot_element_size(x->type);
   const int64_t row_blocks = ceil_div(rows, spec->consts[CONST_ROWS]);
   const int64_t tiles = swiglu ? row_blocks * ceil_div(n, spec->consts[CONST_BLOCK_N]) : 0;
-  if (tiles > INT32_MAX || (uint64_t)rows * (uint64_t)(k + (swiglu ? 2 * n : 0)) > SIZE_MAX / 2 / elem) {
+  if (rows > INT32_MAX || tiles > INT32_MAX ||
+      (uint64_t)rows * (uint64_t)(k + (swiglu ? 2 * n : 0)) > SIZE_MAX / 2 / elem) {
     snprintf(err, err_len, "%lld rows x N=%lld need more programs or workspace than one launch takes",
              (long long)rows, (long long)n);
     return 1;
   }
   plan->spec = spec;
   plan->values[VALUE_MODE0] = 1;
-  plan->grid[0] = (unsigned)row_blocks;
+  plan->grid[0] = (unsigned)rows; /* MODE 1: a row a program */
   /* regions WS_N [rows, K], WS_G and WS_U [rows, N], each starting 256-byte aligned */
   const size_t normed = ((size_t)rows * (size_t)k * elem + 255) / 256 * 256;
   const size_t product = ((size_t)rows * (size_t)n * elem + 255) / 256 * 256;

@@ -57,10 +57,10 @@ CONFIGS = {
     False: ((1, (16, 8192), (1, ANY), 64, 256, 4, 4),),
     True: ((16, (16, 8192), (1, ANY), 32, 256, 3, 4),),
 }
-# The steps' spec (FUSED = 0): MODE 1 normalises BLOCK_M rows in BLOCK_K chunks, MODE 2 multiplies [BLOCK_M, BLOCK_N]
-# tiles; any K and N (masked).
+# The steps' spec (FUSED = 0): MODE 1 normalises a row a program in ROW_BLOCK chunks, MODE 2 multiplies
+# [BLOCK_M, BLOCK_N] tiles; any K and N (masked).
 STEPS_BLOCK_N, STEPS_BLOCK_K = 64, 128
-ROW_BLOCK = 2048  # the one-row prologue's chunk (kernels/norm_linear.py _rstd_one_row)
+ROW_BLOCK = 2048  # the chunk of one row (kernels/norm_linear.py _rstd_one_row): the one-row prologue, MODE 1
 FP32_BLOCK_K = 64  # fp32 tiles are twice the bytes
 PRE_HOPPER_STAGES = 2  # sm_80-89: 100-164 KB of shared memory, not Hopper's 228 (a stage is 48 KB at BLOCK_K 256)
 
