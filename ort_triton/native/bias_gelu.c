@@ -3,7 +3,6 @@
  * and BiasGeluTanhMul (Y = gelu(X + bias) * up, the same kernel body with the product).
  * Inputs: X [..., H], bias [H] (Mul ops: then up, X's shape). Output: Y, X's shape. */
 #include <stdio.h>
-#include <string.h>
 
 #include "ot_table.h"
 #include "planner_util.h"
@@ -23,12 +22,7 @@ static int plan_gelu(const ot_op *op, const ot_desc *in, int n_inputs, int n_out
   if (ot_check_rows_by_h(x, op->inputs[0].name, err, err_len)) return 1;
   const int64_t h = x->dims[x->rank - 1];
   if (ot_check_vector(op, in, 1, h, err, err_len)) return 1;
-  if (n_in == 3 && (in[2].rank != x->rank || memcmp(in[2].dims, x->dims, x->rank * sizeof x->dims[0]) != 0)) {
-    char a[160], b[160];
-    snprintf(err, err_len, "input %s has shape %s but input %s has shape %s; they must be equal (no broadcasting)",
-             op->inputs[2].name, ot_shape_text(&in[2], a, sizeof a), op->inputs[0].name, ot_shape_text(x, b, sizeof b));
-    return 1;
-  }
+  if (n_in == 3 && ot_check_same_shape(op, in, 2, 0, err, err_len)) return 1;
   const int64_t keys[N_KEYS] = {h % 16 == 0};
   const ot_spec *spec = ot_find_spec(op, keys, N_KEYS, plan->arch);
   if (!spec || spec->consts[CONST_ROWS] < 1 || spec->consts[CONST_BLOCK_H] < 1) {

@@ -56,12 +56,7 @@ int ot_layer_norm_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_o
   if (ot_check_rows_by_h(x, x_name, err, err_len)) return 1;
   const int64_t h = x->dims[x->rank - 1];
   const int64_t n_rows = ot_row_count(x);
-  if (skip && (in[1].rank != x->rank || memcmp(in[1].dims, x->dims, x->rank * sizeof x->dims[0]) != 0)) {
-    char a[160], b[160];
-    snprintf(err, err_len, "input %s has shape %s but input %s has shape %s; they must be equal (no broadcasting)",
-             op->inputs[1].name, ot_shape_text(&in[1], a, sizeof a), x_name, ot_shape_text(x, b, sizeof b));
-    return 1;
-  }
+  if (skip && ot_check_same_shape(op, in, 1, 0, err, err_len)) return 1;
   if (skip && ot_check_vector(op, in, BIAS_INDEX, h, err, err_len)) return 1;
   if (ot_check_vector(op, in, gamma_index(op), h, err, err_len)) return 1;
   const int has_beta = in[beta_index(op)].present;

@@ -8,7 +8,6 @@
  * spec's most, the steps' rows a MODE 2 tile; BLOCK_N, BLOCK_K). */
 #include <limits.h>
 #include <stdio.h>
-#include <string.h>
 
 #include "ot_table.h"
 #include "planner_util.h"
@@ -54,13 +53,7 @@ int ot_norm_linear_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_
   }
   const ot_desc *x = &in[IN_X];
   if (ot_check_rows_by_h(x, op->inputs[IN_X].name, err, err_len)) return 1;
-  if (in[IN_SKIP].rank != x->rank || memcmp(in[IN_SKIP].dims, x->dims, x->rank * sizeof x->dims[0]) != 0) {
-    char a[160], b[160];
-    snprintf(err, err_len, "input %s has shape %s but input %s has shape %s; they must be equal (no broadcasting)",
-             op->inputs[IN_SKIP].name, ot_shape_text(&in[IN_SKIP], a, sizeof a), op->inputs[IN_X].name,
-             ot_shape_text(x, b, sizeof b));
-    return 1;
-  }
+  if (ot_check_same_shape(op, in, IN_SKIP, IN_X, err, err_len)) return 1;
   const int64_t k = x->dims[x->rank - 1];
   if (ot_check_vector(op, in, IN_GAMMA, k, err, err_len)) return 1;
   int64_t n = 0;

@@ -106,6 +106,15 @@ int ot_check_vector(const ot_op *op, const ot_desc *in, int index, int64_t h, ch
   return 1;
 }
 
+int ot_check_same_shape(const ot_op *op, const ot_desc *in, int index, int ref, char *err, size_t err_len) {
+  const ot_desc *v = &in[index], *r = &in[ref];
+  if (v->rank == r->rank && memcmp(v->dims, r->dims, r->rank * sizeof r->dims[0]) == 0) return 0;
+  char a[160], b[160];
+  snprintf(err, err_len, "input %s has shape %s but input %s has shape %s; they must be equal (no broadcasting)",
+           op->inputs[index].name, ot_shape_text(v, a, sizeof a), op->inputs[ref].name, ot_shape_text(r, b, sizeof b));
+  return 1;
+}
+
 void ot_put_param(uint64_t *slots, void **params, int i, const void *value, size_t size) {
   memcpy(&slots[i], value, size);
   params[i] = &slots[i];

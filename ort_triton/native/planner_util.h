@@ -34,6 +34,9 @@ void ot_key_values(const ot_op *op, int n_keys, int key, char *buf, size_t len);
 /* Input `index` of op must be exactly [h] (a per-column vector such as gamma, beta or a bias). */
 int ot_check_vector(const ot_op *op, const ot_desc *in, int index, int64_t h, char *err, size_t err_len);
 
+/* Input `index` of op must have input `ref`'s shape exactly (an elementwise partner: skip, up; no broadcasting). */
+int ot_check_same_shape(const ot_op *op, const ot_desc *in, int index, int ref, char *err, size_t err_len);
+
 /* The plan of a row-wise kernel (LayerNorm, RMSNorm): `spec`, one program per `rows_per_program` rows of x,
  * every output shaped like x in its own element type. Fails (a message, 1) on a table whose rows per
  * program is not positive. */

@@ -55,14 +55,7 @@ int ot_rms_norm_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_out
   if (ot_check_rows_by_h(x, x_name, err, err_len)) return 1;
   const int64_t h = x->dims[x->rank - 1];
   const int64_t n_rows = ot_row_count(x); /* checked above: 0..INT32_MAX */
-  if (skip && (in[SKIP_INDEX].rank != x->rank ||
-               memcmp(in[SKIP_INDEX].dims, x->dims, x->rank * sizeof x->dims[0]) != 0)) {
-    char a[160], b[160];
-    snprintf(err, err_len, "input %s has shape %s but input %s has shape %s; they must be equal (no broadcasting)",
-             op->inputs[SKIP_INDEX].name, ot_shape_text(&in[SKIP_INDEX], a, sizeof a), x_name,
-             ot_shape_text(x, b, sizeof b));
-    return 1;
-  }
+  if (skip && ot_check_same_shape(op, in, SKIP_INDEX, 0, err, err_len)) return 1;
   if (ot_check_vector(op, in, gamma_index(op), h, err, err_len)) return 1;
 
   const int64_t keys[N_KEYS] = {skip && n_outputs == 2, h % 16 == 0, h, n_rows};

@@ -3,7 +3,6 @@
  * Inputs: gate [..., I], up (gate's shape). Output: Y, gate's shape.
  * Grid: (ceil(rows / ROWS), ceil(I / BLOCK_I)); spec consts = (ROWS, BLOCK_I). */
 #include <stdio.h>
-#include <string.h>
 
 #include "ot_table.h"
 #include "planner_util.h"
@@ -20,15 +19,9 @@ int ot_silu_mul_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_out
                            "2 and 1; the library is inconsistent, rebuild it", n_inputs, n_outputs);
     return 1;
   }
-  const ot_desc *gate = &in[IN_GATE], *up = &in[IN_UP];
+  const ot_desc *gate = &in[IN_GATE];
   if (ot_check_rows_by_h(gate, op->inputs[IN_GATE].name, err, err_len)) return 1;
-  if (up->rank != gate->rank || memcmp(up->dims, gate->dims, gate->rank * sizeof gate->dims[0]) != 0) {
-    char a[160], b[160];
-    snprintf(err, err_len, "input %s has shape %s but input %s has shape %s; they must be equal (no broadcasting)",
-             op->inputs[IN_UP].name, ot_shape_text(up, a, sizeof a), op->inputs[IN_GATE].name,
-             ot_shape_text(gate, b, sizeof b));
-    return 1;
-  }
+  if (ot_check_same_shape(op, in, IN_UP, IN_GATE, err, err_len)) return 1;
   const int64_t width = gate->dims[gate->rank - 1];
   const int64_t keys[N_KEYS] = {width % 16 == 0};
   const ot_spec *spec = ot_find_spec(op, keys, N_KEYS, plan->arch);
