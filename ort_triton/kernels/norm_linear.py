@@ -1,6 +1,8 @@
 """The kernel behind AddRMSNormLinear and AddRMSNormSwiGLU (contracts and maths: ort_triton/ops/norm_linear.py).
 
-One function, three modes (MODE, a runtime argument, so one compiled spec serves all three):
+One function, three modes. FUSED (a constexpr) picks MODE 0 or the steps; MODE (a runtime argument) picks between
+the steps, so one compiled steps spec serves both, and neither kind of spec carries the other's code (the fused
+product's registers made the steps spec spill 400-530 bytes, session 26):
 
     MODE 0, fused (M <= BLOCK_M rows, grid = ceil(N / BLOCK_N)):
         s = T(x + skip), rstd = 1 / sqrt(mean(s^2) + eps) per row (a first pass over K; program 0 writes s),
@@ -75,21 +77,19 @@ def _silu_mul(g, u):
 @triton.jit
 def norm_linear_fwd(
     X, R, G, WT, WT2, Y, S, NB, GB, UB, M, N, K, eps, store_sum, MODE,
-    SWIGLU: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    FUSED: tl.constexpr, SWIGLU: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, ROW_BLOCK: tl.constexpr, PDL: tl.constexpr = 0,
 ):
     T = Y.dtype.element_ty
     pid = tl.program_id(0)
-    # MODE 0's weight rows (offsets): clamped, a valid row, not stored; unused (and dropped) by the other modes
-    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    w_rows = tl.minimum(cols, N - 1).to(tl.int64)[:, None] * K
-    if MODE == 0:  # the weights' first two tiles, while the kernel before runs (PDL)
-        prefetch_rows(WT + w_rows, K, 2 * BLOCK_K, PDL)
+    if FUSED:  # MODE 0
+        cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        w_rows = tl.minimum(cols, N - 1).to(tl.int64)[:, None] * K  # clamped: a valid row, not stored
+        prefetch_rows(WT + w_rows, K, 2 * BLOCK_K, PDL)  # the weights' first two tiles, while the kernel before runs
         if SWIGLU:
             prefetch_rows(WT2 + w_rows, K, 2 * BLOCK_K, PDL)
-    pdl_start(PDL)
-    ks = tl.arange(0, BLOCK_K)
-    if MODE == 0:
+        pdl_start(PDL)
+        ks = tl.arange(0, BLOCK_K)
         rows = tl.arange(0, BLOCK_M)
         m_ok = rows < M
         # only program 0 writes the sum; every program needs rstd (M x K from L2, the weight is far more). Rows
@@ -114,24 +114,26 @@ def norm_linear_fwd(
             acc = _silu_mul(acc.to(T).to(tl.float32), acc2.to(T).to(tl.float32))
         out = rows[None, :].to(tl.int64) * N + cols[:, None]
         tl.store(Y + out, acc.to(T), mask=(cols < N)[:, None] & m_ok[None, :])
-    elif MODE == 1:  # row pid: its sum (re-read from X and R, in L1/L2 by now) times rstd and gamma
-        row = pid.to(tl.int64) * K
-        rstd = _rstd_one_row(X + row, R + row, S + row, K, eps, store_sum, T, ROW_BLOCK)
-        cs = tl.arange(0, ROW_BLOCK)
-        for k in range(0, K, ROW_BLOCK):
-            ok = k + cs < K
-            s = _sum_tile(X + row, R + row, k + cs, ok, T)
-            g = tl.load(G + k + cs, mask=ok, other=0.0).to(tl.float32)
-            tl.store(NB + row + k + cs, (s * rstd * g).to(T), mask=ok)
-    else:
-        col_blocks = tl.cdiv(N, BLOCK_N)
-        rows = (pid // col_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
-        tile_cols = (pid % col_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
-        ok = (rows < M)[:, None] & (tile_cols < N)[None, :]
-        offs = rows.to(tl.int64)[:, None] * N + tile_cols[None, :]
-        g = tl.load(GB + offs, mask=ok, other=0.0).to(tl.float32)
-        u = tl.load(UB + offs, mask=ok, other=0.0).to(tl.float32)
-        tl.store(Y + offs, _silu_mul(g, u).to(T), mask=ok)
+    else:  # the steps
+        pdl_start(PDL)
+        if MODE == 1:  # row pid: its sum (re-read from X and R, in L1/L2 by now) times rstd and gamma
+            row = pid.to(tl.int64) * K
+            rstd = _rstd_one_row(X + row, R + row, S + row, K, eps, store_sum, T, ROW_BLOCK)
+            cs = tl.arange(0, ROW_BLOCK)
+            for k in range(0, K, ROW_BLOCK):
+                ok = k + cs < K
+                s = _sum_tile(X + row, R + row, k + cs, ok, T)
+                g = tl.load(G + k + cs, mask=ok, other=0.0).to(tl.float32)
+                tl.store(NB + row + k + cs, (s * rstd * g).to(T), mask=ok)
+        else:
+            col_blocks = tl.cdiv(N, BLOCK_N)
+            rows = (pid // col_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
+            tile_cols = (pid % col_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
+            ok = (rows < M)[:, None] & (tile_cols < N)[None, :]
+            offs = rows.to(tl.int64)[:, None] * N + tile_cols[None, :]
+            g = tl.load(GB + offs, mask=ok, other=0.0).to(tl.float32)
+            u = tl.load(UB + offs, mask=ok, other=0.0).to(tl.float32)
+            tl.store(Y + offs, _silu_mul(g, u).to(T), mask=ok)
 
 
 # ---- a torch entry point: the same kernel through Triton's JIT (tests, interpreter, GPU timing) -------
@@ -158,14 +160,15 @@ def norm_linear(x, skip, gamma, wt, wt2=None, epsilon=1e-6, store_sum=False, *, 
         if m > 16:
             raise ValueError(f"norm_linear: the fused mode takes at most 16 rows, got {m}")
         norm_linear_fwd[(triton.cdiv(n, block_n),)](x2, r2, gamma, wt, w2, y, s, y, y, y, m, n, k, epsilon,
-                                                      int(store_sum), 0, **args)
+                                                      int(store_sum), 0, FUSED=1, **args)
     else:
         nb = x2.new_empty(m, k)
-        norm_linear_fwd[(m,)](x2, r2, gamma, wt, w2, y, s, nb, y, y, m, n, k, epsilon, int(store_sum), 1, **args)
+        norm_linear_fwd[(m,)](x2, r2, gamma, wt, w2, y, s, nb, y, y, m, n, k, epsilon, int(store_sum), 1, FUSED=0,
+                              **args)
         if wt2 is None:
             torch.matmul(nb, wt.t(), out=y.view(m, n))
         else:
             gb, ub = nb @ wt.t(), nb @ wt2.t()
             grid = (triton.cdiv(m, 16) * triton.cdiv(n, block_n),)
-            norm_linear_fwd[grid](x2, r2, gamma, wt, w2, y, s, nb, gb, ub, m, n, k, epsilon, 0, 2, **args)
+            norm_linear_fwd[grid](x2, r2, gamma, wt, w2, y, s, nb, gb, ub, m, n, k, epsilon, 0, 2, FUSED=0, **args)
     return (y, s) if store_sum else y

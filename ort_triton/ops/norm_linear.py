@@ -61,17 +61,26 @@ CONFIGS = {
 # [BLOCK_M, BLOCK_N] tiles; any K and N (masked).
 STEPS_BLOCK_N, STEPS_BLOCK_K = 64, 128
 ROW_BLOCK = 2048  # the chunk of one row (kernels/norm_linear.py _rstd_one_row): the one-row prologue, MODE 1
-FP32_BLOCK_K = 64  # fp32 tiles are twice the bytes
+# BLOCK_K of the other tiles, each the widest whose spec compiles without spilling (ptxas, sm_80 and sm_90; tested in
+# tests/ops/test_norm_linear_op.py): fp32 tiles are twice the bytes, and a masked tile (BLOCK_K does not divide K,
+# K not known to be a multiple of 16) needs more registers for its addresses and masks than an unmasked one.
+MASKED_BLOCK_K = 128
+FP32_BLOCK_K, FP32_MASKED_BLOCK_K = 32, 16
 PRE_HOPPER_STAGES = 2  # sm_80-89: 100-164 KB of shared memory, not Hopper's 228 (a stage is 48 KB at BLOCK_K 256)
+
+
+def _block_k(type_name: str, block_k: int, even: bool) -> int:
+    if type_name == "float":
+        return min(block_k, FP32_BLOCK_K if even else FP32_MASKED_BLOCK_K)
+    return block_k if even else min(block_k, MASKED_BLOCK_K)
 
 
 def _specs(swiglu: bool, type_name: str) -> list[Spec]:
     def spec(fused, max_rows, k_range, n_range, block_n, block_k, stages, warps, even):
-        if type_name == "float":
-            block_k = min(block_k, FP32_BLOCK_K)
+        block_k = _block_k(type_name, block_k, even)
         k_align = (block_k if even else 1, K_ALIGN_CAP)  # unmasked: BLOCK_K divides K
-        return Spec(constexprs={"SWIGLU": int(swiglu), "EVEN_K": int(even), "BLOCK_M": BLOCK_M, "BLOCK_N": block_n,
-                                "BLOCK_K": block_k, "ROW_BLOCK": ROW_BLOCK},
+        return Spec(constexprs={"FUSED": fused, "SWIGLU": int(swiglu), "EVEN_K": int(even), "BLOCK_M": BLOCK_M,
+                                "BLOCK_N": block_n, "BLOCK_K": block_k, "ROW_BLOCK": ROW_BLOCK},
                     num_warps=warps, num_stages=stages, pre_hopper=(warps, min(stages, PRE_HOPPER_STAGES)),
                     keys=((fused, fused), k_align, k_range, n_range), consts=(max_rows, block_n, block_k),
                     divisible_by_16=("X", "R", "G", "WT", "WT2", "Y", "S", "NB", "GB", "UB") + (("K",) if even else ()))

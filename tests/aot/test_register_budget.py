@@ -46,3 +46,40 @@ def test_head_dim_64_attention_does_not_spill(arch, op, tmp_path):
     for r in rows:
         assert r["stack"] == 0, f"spec {r['spec']} on sm_{arch} ({r['warps']} warps) spills: {r['usage']}"
         assert r["warps"] == r["want_warps"]
+
+
+# ---- the decode products: every spec of Linear and AddRMSNorm(Linear|SwiGLU), every type. Their tiles are as wide
+# as fits: at BLOCK_K 256 the masked fused spec spilled 264-344 bytes on sm_90, and the steps spec, which carried the
+# fused product's code beside its own, 408-528 (session 27: ops/norm_linear.py MASKED_BLOCK_K, the kernel's FUSED).
+_PRODUCTS_SCRIPT = r"""
+import json, pathlib, re, subprocess, sys
+import triton
+from ort_triton.aot.compile import Job, compile_job
+from ort_triton.ops import BY_NAME
+arch, out = int(sys.argv[1]), pathlib.Path(sys.argv[2])
+tool = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+rows = []
+for name in ("Linear", "AddRMSNormLinear", "AddRMSNormSwiGLU"):
+    for t in ("float16", "bfloat16", "float"):
+        for i, spec in enumerate(BY_NAME[name].specializations(t)):
+            c = compile_job(Job(BY_NAME[name], t, i, spec, arch), out)
+            usage = subprocess.run([str(tool), "-res-usage", str(c.cubin)], capture_output=True, text=True,
+                                   check=True).stdout
+            rows.append(dict(op=name, type=t, spec=i, stack=int(re.search(r"STACK:(\d+)", usage).group(1)),
+                             usage=usage.strip()[-120:]))
+print(json.dumps(rows))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", [80, 90])
+def test_decode_product_specs_do_not_spill(arch, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = pathlib.Path(__file__).resolve().parents[2]
+    res = subprocess.run([sys.executable, "-c", _PRODUCTS_SCRIPT, str(arch), str(tmp_path)], capture_output=True,
+                         text=True, env=env, cwd=root)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = json.loads(res.stdout.splitlines()[-1])
+    assert {r["op"] for r in rows} == {"Linear", "AddRMSNormLinear", "AddRMSNormSwiGLU"}
+    spills = [f"{r['op']} {r['type']} spec {r['spec']}: {r['usage']}" for r in rows if r["stack"]]
+    assert not spills, f"sm_{arch}: " + "; ".join(spills)

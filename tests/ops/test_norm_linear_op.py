@@ -21,6 +21,7 @@ from ort_triton.ops.norm_linear import (
     ADD_RMS_NORM_SWIGLU,
     BLOCK_M,
     CONFIGS,
+    MASKED_BLOCK_K,
     STEPS_BLOCK_N,
     reference_add_rms_norm_linear,
     reference_add_rms_norm_swiglu,
@@ -102,7 +103,8 @@ def test_kernel_leaves_sum_alone_when_not_asked(fused):
                              for t in _inputs((3,), 32, 16, False, torch.float32, seed=7))
     poison = torch.full((3, 32), 7.0, device=DEVICE)
     y, nb = torch.empty(3, 16, device=DEVICE), torch.empty(3, 32, device=DEVICE)
-    args = dict(SWIGLU=False, EVEN_K=1, BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, ROW_BLOCK=32, num_warps=4)
+    args = dict(FUSED=int(fused), SWIGLU=False, EVEN_K=1, BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, ROW_BLOCK=32,
+                num_warps=4)
     norm_linear_fwd[(1,)](x, skip, gamma, wt, wt, y, poison, nb, y, y, 3, 16, 32, 1e-6, 0, 0 if fused else 1, **args)
     assert (poison == 7.0).all()
 
@@ -179,7 +181,9 @@ def test_decode_rows_run_the_fused_kernel(lib, swiglu, lead, k, n):
     assert spec.constexprs["SWIGLU"] == int(swiglu)
     block_n, block_k = spec.consts[1:]
     assert int(f["grid"].split(",")[0]) == -(-n // block_n)
-    assert spec.constexprs["EVEN_K"] == int(k % block_k == 0) and block_n == config[3]
+    # unmasked where the config's BLOCK_K divides K; else a masked spec, at most MASKED_BLOCK_K wide
+    assert spec.constexprs["EVEN_K"] == int(k % config[4] == 0) and block_n == config[3]
+    assert block_k == (config[4] if k % config[4] == 0 else min(config[4], MASKED_BLOCK_K))
     assert "then" not in f and "scratch" not in f
     shape = lambda *d: "[" + ",".join(map(str, d)) + "]"  # noqa: E731
     assert f["out0"] == shape(*lead, n) and f["out1"] == shape(*lead, k)
