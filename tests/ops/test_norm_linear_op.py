@@ -289,7 +289,8 @@ def _fp32_inputs(lead, k, n, swiglu, torch_dtype, seed):
                                                     ("bfloat16", torch.bfloat16)])
 @pytest.mark.parametrize("swiglu", [False, True], ids=["linear", "swiglu"])
 @pytest.mark.parametrize("lead, k, n", [((1, 1), 2048, 3072), ((1, 1), 2048, 8192), ((16, 1), 2048, 8192),
-                                        ((3, 1), 100, 37), ((1, 40), 2048, 3072), ((2, 9), 96, 33)], ids=str)
+                                        ((3, 1), 100, 37), ((1, 40), 2048, 3072), ((2, 9), 96, 33),
+                                        ((1, 1), 896, 1000)], ids=str)  # Qwen2-0.5B's K: masked tiles
 def test_cuda_ep_runs_the_op(gpu_library, type_name, torch_dtype, swiglu, lead, k, n):
     """Up to 16 rows the fused kernel, beyond the steps with cuBLAS on ORT's handle; either counts as one run."""
     from ort_triton.runtime import launch_count, make_session

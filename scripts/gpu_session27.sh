@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Session 27's GPU calls (carry [".ortgpu", ".ortinc"]; start with `source .ortgpu/activate.sh &&`). STEPS picks
+# them (default "tests ab"), each bounded so a call ends inside 10 minutes:
+#   tests   AddRMSNorm(Linear|SwiGLU) after this session's kernel change (FUSED constexpr, narrower masked tiles: no
+#           spills), natively and through ORT's CUDA EP, and the PDL chain that runs them (PYTEST_PATHS).
+#   ab      Llama-1B, the default rules (A) against A + add_rms_norm_swiglu (B), prefill 1x512 and 8x512 (the steps
+#           path: the norm a row a program, cuBLAS, the product) and decode 1x1024 and 16x1024 (the fused kernel):
+#           the rule goes on by default if B >= A at every shape. JSON in $OUT/ab_swiglu_llama-1b.json.
+#   qwen3, gemma   scripts/gpu_session26.sh's A/B of qkv_norm_rotary_cache and gelu_mul.
+#   profile Llama-1B's decode step 1x1024 kernel by kernel (CUPTI), A + add_rms_norm_swiglu against the same + linear
+#           (session 26: Linear lost in the model, 0.99x, where the chain sweep had it at 1.01-1.19x): which of the
+#           Q/K/V, o and down products loses. $OUT/profile_llama-1b_decode.json.
+source "$(dirname "$0")/gpu_env.sh"
+for step in ${STEPS:-tests ab}; do
+  echo "== $step"
+  case $step in
+  tests)
+    TEST_LOG=tests PYTEST_PATHS=${PYTEST_PATHS:-"tests/ops/test_norm_linear_op.py tests/gpu/test_pdl_chain.py"} \
+      TEST_TIMEOUT=${TEST_TIMEOUT:-200} gpu_tests ;;
+  ab)
+    STEPS=ab B=ort_triton_cuda_graph+add_rms_norm_swiglu TAG=swiglu PREFILL=${PREFILL-1x512,8x512} \
+      bash "$(dirname "$0")/gpu_session25.sh" ;;
+  qwen3 | gemma) STEPS=$step bash "$(dirname "$0")/gpu_session26.sh" ;;
+  profile)
+    STEPS=profile PROFILE_RUNTIMES=ort_triton_cuda_graph+add_rms_norm_swiglu,ort_triton_cuda_graph+add_rms_norm_swiglu+linear \
+      bash "$(dirname "$0")/gpu_session25.sh" ;;
+  *) echo "unknown step $step" >&2; exit 2 ;;
+  esac
+done
