@@ -35,8 +35,7 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from ort_triton.ops.attention import HEAD_DIMS
-from ort_triton.ops.causal_attention import CAUSAL_ATTENTION
+from ort_triton.ops.causal_attention import CAUSAL_ATTENTION, CAUSAL_HEAD_DIMS
 
 from .attention import _escaping, _scalar, _score_scale
 from .causal_mask import CausalMaskProver, CausalPadding, SymbolicShapes, same
@@ -110,8 +109,8 @@ class _CausalRule(pattern.RewriteRuleClassBase):
         if k is None:  # [B, T, Nkv, D], transposed into the scores directly
             kd = [kd[0], kd[2], kd[1], kd[3]]
         head_dim = qd[3]
-        if not isinstance(head_dim, int) or head_dim not in HEAD_DIMS:
-            return result.fail(f"head dim {head_dim} not in {HEAD_DIMS} (the kernel's)", q)
+        if not isinstance(head_dim, int) or head_dim not in CAUSAL_HEAD_DIMS:
+            return result.fail(f"head dim {head_dim} not in {CAUSAL_HEAD_DIMS} (the kernel's)", q)
         if not (_all_same(kd, vd) and same(kd[0], qd[0]) and same(kd[3], head_dim)):
             return result.fail(f"Q {qd}, K {kd}, V {vd} are not provably [B, Nq, S, D], [B, Nkv, T, D] twice", k_in)
         for (x, value, d), (axes, expanded, repeated) in zip((("K", k_in, kd), ("V", v, vd)), repeats):

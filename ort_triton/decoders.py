@@ -24,14 +24,16 @@ import numpy as np
 _SMALL = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,  # head dim 32
               intermediate_size=176, vocab_size=512, max_position_embeddings=256)
 CONFIGS = {
-    # name: (transformers config class, kwargs). Head dims: the attention kernel takes 32, 40, 64, 80, 96, 128.
+    # name: (transformers config class, kwargs). Head dims: the encoder attention kernel takes 32, 40, 64, 80, 96, 128,
+    # the decoder's (CausalAttention) those and 256.
     "llama-tiny": ("LlamaConfig", _SMALL),
     # one kv head (MQA: repeat_kv x4); no sliding window: its cache crops to the window, a mask of another shape
     "mistral-tiny": ("MistralConfig", dict(_SMALL, num_key_value_heads=1, sliding_window=None)),
     "qwen2-tiny": ("Qwen2Config", _SMALL),  # q/k/v projections with biases
     "qwen3-tiny": ("Qwen3Config", dict(_SMALL, head_dim=32)),  # q and k RMSNorm-ed per head before the rotary
-    # GeGLU MLP (gelu_tanh(gate) * up), RMSNorm with (1 + weight), the embeddings scaled by sqrt(hidden), tied lm_head
-    "gemma-tiny": ("GemmaConfig", dict(_SMALL, head_dim=32)),
+    # GeGLU MLP (gelu_tanh(gate) * up), RMSNorm with (1 + weight), the embeddings scaled by sqrt(hidden), tied lm_head,
+    # Gemma's head dim of 256 (wider than the hidden size here, as in Gemma-2B's 8 x 256 = 2048)
+    "gemma-tiny": ("GemmaConfig", dict(_SMALL, head_dim=256)),
     # an odd vocabulary, as GPT-2's 50257: the lm_head's rows unaligned, and wide enough for padded_weight
     "gpt2-tiny": ("GPT2Config", dict(n_embd=128, n_layer=2, n_head=4, vocab_size=4099, n_positions=256)),
     # partial rotary (16 of 32 dims), LayerNorm, GELU MLP in parallel with attention, biases everywhere
@@ -46,8 +48,8 @@ CONFIGS = {
     "qwen3-0.6b": ("Qwen3Config", dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
                                        num_key_value_heads=8, head_dim=128, intermediate_size=3072, vocab_size=32000,
                                        max_position_embeddings=8192, tie_word_embeddings=True)),
-    # Gemma-2B's shape (MQA, head dim 256: past the attention kernel's 128, so attention stays ORT's; GeGLU MLP of
-    # 16384) with Llama-2's vocabulary: what gelu_mul buys, on the GPU
+    # Gemma-2B's shape (MQA, head dim 256, GeGLU MLP of 16384) with Llama-2's vocabulary: what gelu_mul and the
+    # attention at head dim 256 buy, on the GPU
     "gemma-2b": ("GemmaConfig", dict(hidden_size=2048, num_hidden_layers=18, num_attention_heads=8,
                                      num_key_value_heads=1, head_dim=256, intermediate_size=16384, vocab_size=32000,
                                      max_position_embeddings=8192)),

@@ -45,8 +45,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..ops.attention import HEAD_DIMS
 from ..ops.causal_attention import (
+    CAUSAL_HEAD_DIMS,
     MERGE_COUNTERS,
     SPLIT_MIN_KEYS,
     block_config,
@@ -255,8 +255,9 @@ def causal_attention(q, k, v, key_bias, scale, masked_rows=0, *, out=None, confi
         raise ValueError(f"causal_attention: q and k must be [B, N, S, D], got {list(q.shape)}, {list(k.shape)}")
     b, nq, s, d = q.shape
     nkv, t = k.shape[1], k.shape[2]
-    if d not in HEAD_DIMS:
-        raise ValueError(f"causal_attention: head dim {d} not supported (head dims {', '.join(map(str, HEAD_DIMS))})")
+    if d not in CAUSAL_HEAD_DIMS:
+        raise ValueError(f"causal_attention: head dim {d} not supported "
+                         f"(head dims {', '.join(map(str, CAUSAL_HEAD_DIMS))})")
     if k.shape[0] != b or k.shape[3] != d or nkv < 1 or nq % nkv:
         raise ValueError(f"causal_attention: k {list(k.shape)} must be [B={b}, Nkv, T, D={d}] with Nkv dividing "
                          f"Nq={nq}")

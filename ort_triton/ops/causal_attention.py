@@ -39,6 +39,10 @@ from ..contract import ANY, IO, Attr, Kernel, OpContract, Spec, Tuning, attr_ref
 from .attention import HEAD_DIMS, block_d
 from .tune_space import random_inputs, tile_candidates
 
+# The encoder attention's head dims and Gemma's 256 (Gemma 1, 2 and 3 at every size but Gemma 3's 270M): a decoder's
+# attention left to ORT at 256 ran as a dozen small kernels a layer (MatMul, Softmax, the GQA Expand).
+CAUSAL_HEAD_DIMS = HEAD_DIMS + (256,)
+
 
 def reference_causal_attention(q, k, v, key_bias, scale, masked_rows=0):
     """float64 numpy reference in the contract's layout."""
@@ -160,6 +164,15 @@ _CONFIGS = {
     ("prefill", "float", 32): (32, 32, 4, 2),
     ("prefill", "float", 64): (32, 32, 4, 2),
     ("prefill", "float", 128): (16, 32, 8, 2),
+    # Head dim 256, first choices read off ptxas (Triton 3.6), not yet timed: fp16/bf16 decode 16 x 32 tiles at 8
+    # warps (4 spill 48 bytes at 64-key blocks on sm_90), prefill 64 x 32 at 8 warps (4 spill 160-304 bytes, 128 rows
+    # 64-464), both spill-free on sm_80 and sm_90 in 42 and 70-98 KB of shared memory. fp32 spills at any tile; the
+    # smallest, 16 x 16 at 8 warps, spills 64-72 bytes at prefill and about 300 at decode (test_register_budget's
+    # known spills): an fp32 Gemma on the GPU runs, slower than it could.
+    ("decode", "half", 256): (16, 32, 8, 2),
+    ("decode", "float", 256): (16, 16, 8, 2),
+    ("prefill", "half", 256): (64, 32, 8, 2),
+    ("prefill", "float", 256): (16, 16, 8, 2),
 }
 # Decode specs split the cache into at most this many programs (one wave of the H100's and H200's 132 SMs;
 # split_keys rounds down), never into chunks under SPLIT_MIN_KEYS. 0: one pass (the prefill specs: enough row
@@ -287,7 +300,7 @@ def _specs(type_name: str) -> list[Spec]:
     """Per head dim: the decode spec (rows 0..DECODE_ROWS; split at DECODE_WIDE programs where the wide one
     differs), then the prefill spec (any more rows)."""
     specs = []
-    for d in HEAD_DIMS:
+    for d in CAUSAL_HEAD_DIMS:
         narrow, wide = block_config(d, type_name, DECODE_ROWS), block_config(d, type_name, DECODE_ROWS, DECODE_WIDE)
         decode_rows = (0, DECODE_ROWS)
         if wide == narrow:

@@ -19,8 +19,7 @@ import graph_rewrites
 from ort_triton import decoders
 from ort_triton.contract import DOMAIN
 from ort_triton.kernels.causal_attention import causal_attention
-from ort_triton.ops.attention import HEAD_DIMS
-from ort_triton.ops.causal_attention import CAUSAL_ATTENTION, reference_causal_attention
+from ort_triton.ops.causal_attention import CAUSAL_ATTENTION, CAUSAL_HEAD_DIMS, reference_causal_attention
 from ort_triton.runtime import launch_count, make_session
 
 pytestmark = pytest.mark.gpu
@@ -110,7 +109,7 @@ def test_cuda_ep_runs_the_kernel(gpu_library, type_name, masked_rows):
     _, dtype, tol = DTYPES[type_name]
     sess = make_session(_node_model(type_name, masked_rows, 0.1), providers=["CUDAExecutionProvider"],
                         library=gpu_library)
-    for d in HEAD_DIMS:
+    for d in CAUSAL_HEAD_DIMS:
         for b, nq, nkv, s, t in ((4, 8, 2, 1, 300), (2, 8, 2, 65, 65), (3, 4, 1, 17, 90), (3, 32, 8, 1, 2000),
                                  (16, 32, 8, 1, 257)):
             q, k, v, kb = _inputs(b, nq, nkv, s, t, d, dtype, _pads(b, s, t), seed=d + s)

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ort_triton.ops.attention import HEAD_DIMS
 from ort_triton.ops.causal_attention import (
+    CAUSAL_HEAD_DIMS,
     DECODE_ROWS,
     DECODE_WIDE,
     MERGE_COUNTERS,
@@ -30,7 +30,7 @@ def spec_ranges(type_name):
     """The built-in specs' (head dim, rows, B * Nkv) ranges in table order: per head dim the decode spec (two, below
     and from DECODE_WIDE programs, where the wide config differs), then the prefill spec."""
     out = []
-    for d in HEAD_DIMS:
+    for d in CAUSAL_HEAD_DIMS:
         wide = block_config(d, type_name, DECODE_ROWS, DECODE_WIDE) != block_config(d, type_name, DECODE_ROWS)
         for programs in ((0, DECODE_WIDE - 1), (DECODE_WIDE, ANY)) if wide else ((0, ANY),):
             out.append(((d, d), (0, DECODE_ROWS), programs))

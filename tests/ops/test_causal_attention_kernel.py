@@ -23,9 +23,9 @@ from onnx import TensorProto, helper
 
 from ort_triton.contract import DOMAIN
 from ort_triton.kernels.causal_attention import causal_attention
-from ort_triton.ops.attention import HEAD_DIMS
 from ort_triton.ops.causal_attention import (
     CAUSAL_ATTENTION,
+    CAUSAL_HEAD_DIMS,
     DECODE_ROWS,
     block_config,
     merge_block,
@@ -87,7 +87,7 @@ def test_causal_gqa_over_a_cache(dtype, nq, nkv, s, extra, d):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("d", CAUSAL_HEAD_DIMS)
 @pytest.mark.parametrize("nq, nkv, s, t", [(4, 1, 1, 21), (8, 2, 9, 9), (2, 2, 19, 40)])
 def test_every_head_dim_with_the_library_blocks(dtype, d, nq, nkv, s, t):
     """block_config's tiles (decode for G * S <= 16, else the prefill ones)."""
@@ -290,7 +290,7 @@ tool = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "c
 rows = []
 for t in ("float16", "bfloat16", "float"):
     for i, spec in enumerate(OP.specializations(t)):
-        llama = t != "float" and spec.constexprs["HEAD_DIM"] in (64, 128)
+        llama = t != "float" and spec.constexprs["HEAD_DIM"] in (64, 128, 256)  # and Gemma's
         if not (llama or spec.constexprs["SPLIT_K"]):
             continue
         c = compile_job(Job(OP, t, i, spec, arch), out)
@@ -314,10 +314,12 @@ def test_llama_head_dims_do_not_spill(arch, tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     rows = json.loads(res.stdout.splitlines()[-1])
     # fp16, bf16: a decode spec per head dim (two at BLOCK_D 64: head dims 40 and 64, below and from DECODE_WIDE
-    # programs) and the prefill ones at 64, 128; fp32: the decode specs
-    assert len(rows) == 2 * (len(HEAD_DIMS) + 2 + 2) + len(HEAD_DIMS)
+    # programs) and the prefill ones at 64, 128, 256; fp32: the decode specs
+    assert len(rows) == 2 * (len(CAUSAL_HEAD_DIMS) + 2 + 3) + len(CAUSAL_HEAD_DIMS)
     for r in rows:
-        # the one known spill: ptxas holds the fp16/bf16 decode spec at head dim 64 to 168 registers on sm_90 once
-        # the merge is unrolled (any MERGE_BLOCK), 8 bytes over (ops/causal_attention.py, _CONFIGS' comment)
+        # the known spills (ops/causal_attention.py, _CONFIGS' comments): ptxas holds the fp16/bf16 decode spec at
+        # head dim 64 to 168 registers on sm_90 once the merge is unrolled (any MERGE_BLOCK), 8 bytes over; fp32 at
+        # head dim 256 spills at any tile, about 300 bytes at decode
         known = 8 if arch == 90 and r["decode"] and r["head_dim"] == 64 and r["type"] != "float" else 0
+        known = 320 if r["decode"] and r["head_dim"] == 256 and r["type"] == "float" else known
         assert r["stack"] <= known, f"{r['type']} spec {r['spec']} on sm_{arch} spills: {r['usage']}"
