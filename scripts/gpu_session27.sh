@@ -6,6 +6,9 @@
 #   ab      Llama-1B, the default rules (A) against A + add_rms_norm_swiglu (B), prefill 1x512 and 8x512 (the steps
 #           path: the norm a row a program, cuBLAS, the product) and decode 1x1024 and 16x1024 (the fused kernel):
 #           the rule goes on by default if B >= A at every shape. JSON in $OUT/ab_swiglu_llama-1b.json.
+#   gemma256  Gemma-2B's shape: CausalAttention at head dim 256 (new: the attention was ORT's before) against the
+#           default rules without it (A = ort_triton_cuda_graph-causal_attention); its GPU tests first
+#           (tests/gpu/test_causal_attention_gpu.py -k 256 or gemma). JSON in $OUT/ab_gemma-2b_attention256.json.
 #   qwen3, gemma   scripts/gpu_session26.sh's A/B of qkv_norm_rotary_cache and gelu_mul.
 #   profile Llama-1B's decode step 1x1024 kernel by kernel (CUPTI), A + add_rms_norm_swiglu against the same + linear
 #           (session 26: Linear lost in the model, 0.99x, where the chain sweep had it at 1.01-1.19x): which of the
@@ -20,6 +23,14 @@ for step in ${STEPS:-tests ab}; do
   ab)
     STEPS=ab B=ort_triton_cuda_graph+add_rms_norm_swiglu TAG=swiglu PREFILL=${PREFILL-1x512,8x512} \
       bash "$(dirname "$0")/gpu_session25.sh" ;;
+  gemma256)
+    timeout "${TEST_TIMEOUT:-200}" python3 -m pytest -q -p no:cacheprovider -W ignore --tb=short \
+      tests/gpu/test_causal_attention_gpu.py -k "256 or gemma or cuda_ep_runs" > "$OUT/tests_gemma256.log" 2>&1
+    echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_gemma256.log" | tail -12
+    timeout "${AB_TIMEOUT:-300}" python3 -m ort_triton.bench.ab --decoder gemma-2b \
+      --a ort_triton_cuda_graph-causal_attention --b ort_triton_cuda_graph --prefill "${PREFILL-1x512}" \
+      --decode "${DECODE:-1x1024,16x1024}" --rounds "${ROUNDS:-3}" --iters "${ITERS:-20}" --work build/decoder_work \
+      --json "$OUT/ab_gemma-2b_attention256.json" 2>&1 | filter | tail -12 ;;
   qwen3 | gemma) STEPS=$step bash "$(dirname "$0")/gpu_session26.sh" ;;
   profile)
     STEPS=profile PROFILE_RUNTIMES=ort_triton_cuda_graph+add_rms_norm_swiglu,ort_triton_cuda_graph+add_rms_norm_swiglu+linear \

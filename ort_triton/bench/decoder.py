@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import pathlib
+import re
 import sys
 import tempfile
 import time
@@ -546,24 +547,29 @@ ALL = {rt.name: rt for rt in (OrtRuntime, OrtOpset23, OrtOpset23CudaGraph, Onnxs
 
 
 def runtime(name: str) -> OrtRuntime:
-    """The runtime a name gives: one of ALL, or an ort_triton runtime with rules that are off by default put in,
-    `BASE+RULE+RULE` (e.g. ort_triton_cuda_graph+add_rms_norm_swiglu+linear): a candidate's twin measured beside
-    its base (bench.ab) with no class written for it. Raises ValueError naming what is known."""
+    """The runtime a name gives: one of ALL, or an ort_triton runtime with rules that are off by default put in
+    (+RULE) or rules that are on left out (-RULE), `BASE+RULE-RULE...` (e.g. ort_triton_cuda_graph+add_rms_norm_swiglu,
+    ort_triton_cuda_graph-causal_attention): a candidate's or an ablation's twin measured beside its base (bench.ab)
+    with no class written for it. Raises ValueError naming what is known."""
     from graph_rewrites.registry import BY_NAME
 
-    base, *rules = name.split("+")
+    base = re.match(r"[^+-]*", name).group(0)
+    changes = re.findall(r"([+-])([^+-]*)", name[len(base):])
     if base not in ALL:
         raise ValueError(f"unknown runtime {base!r}; known: {', '.join(ALL)}")
     cls = ALL[base]
-    if not rules:
+    if not changes:
         return cls()
-    unknown = [r for r in rules if r not in BY_NAME]
+    unknown = [r for _, r in changes if r not in BY_NAME]
     if unknown:
         raise ValueError(f"{name}: unknown rule(s) {unknown}; known: {', '.join(BY_NAME)}")
     if not issubclass(cls, OrtTriton):
-        raise ValueError(f"{name}: +RULE goes after an ort_triton runtime, not {base}")
-    twin = type(cls.__name__ + "Plus", (cls,), dict(name=name, enable=(*cls.enable, *rules),
-                                                    file_name="+".join((cls.file_name, *rules))))
+        raise ValueError(f"{name}: +RULE and -RULE go after an ort_triton runtime, not {base}")
+    put_in = tuple(r for sign, r in changes if sign == "+")
+    left_out = tuple(r for sign, r in changes if sign == "-")
+    twin = type(cls.__name__ + "Twin", (cls,), dict(name=name, enable=(*cls.enable, *put_in),
+                                                    disable=(*cls.disable, *left_out),
+                                                    file_name=cls.file_name + name[len(base):]))
     return twin()
 
 
@@ -705,7 +711,8 @@ def main(argv=None) -> None:
     p.add_argument("--prefill", default=PREFILL, help="BxS,... prompt shapes ('' for none)")
     p.add_argument("--decode", default=DECODE, help="BxP,... cache lengths ('' for none)")
     p.add_argument("--runtimes", default=",".join(RUNTIMES), help=f"comma-separated from {', '.join(ALL)}; "
-                   "an ort_triton runtime takes rules that are off by default as +RULE: ort_triton_cuda_graph+linear")
+                   "an ort_triton runtime takes rules that are off by default as +RULE, and leaves rules out as -RULE: "
+                   "ort_triton_cuda_graph+linear, ort_triton_cuda_graph-causal_attention")
     p.add_argument("--dtype", choices=tuple(ELEM_BYTES), default="float16")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--warmup", type=int, default=5)

@@ -78,7 +78,13 @@ def test_plus_rule_names_a_twin_with_the_rules_put_in():
     assert twin.enable == ("add_rms_norm_swiglu", "linear")
     assert twin.key().startswith("ort_triton+add_rms_norm_swiglu+linear-") and twin.key() != base.key()
     assert type(decoder.runtime("ort_triton_cuda_graph")) is type(base)
+    # -RULE leaves a rule that is on out (an ablation), beside +RULE
+    ablation = decoder.runtime("ort_triton_cuda_graph-causal_attention+gelu_mul")
+    assert ablation.disable == ("causal_attention",) and ablation.enable == ("gelu_mul",) and ablation.cuda_graph
+    assert ablation.key().startswith("ort_triton-causal_attention+gelu_mul-")
+    assert ablation.key() not in (base.key(), decoder.runtime("ort_triton_cuda_graph+gelu_mul").key())
     for name, message in (("nope", "unknown runtime 'nope'"), ("ort_triton+nope", "unknown rule(s) ['nope']"),
+                          ("ort_triton-nope", "unknown rule(s) ['nope']"),
                           ("ort_stock+linear", "after an ort_triton runtime")):
         with pytest.raises(ValueError, match=re.escape(message)):
             decoder.runtime(name)

@@ -32,7 +32,9 @@ SHAPES = [(1, 32, 8, 1, 4096, 64), (4, 32, 8, 1, 777, 64), (8, 16, 2, 1, 129, 12
           (2, 32, 8, 512, 512, 64), (3, 8, 2, 37, 37, 128), (2, 8, 8, 100, 100, 80), (2, 16, 4, 7, 1030, 96),
           (2, 8, 1, 129, 300, 32), (1, 4, 4, 1, 1, 40),
           # decode with B * Nkv >= DECODE_WIDE: the wide decode spec (one more stage) at BLOCK_D 64
-          (16, 32, 8, 1, 1025, 64), (6, 12, 12, 1, 333, 40)]
+          (16, 32, 8, 1, 1025, 64), (6, 12, 12, 1, 333, 40),
+          # Gemma's head dim 256: MQA decode over a split cache, a prefill, a chunk over a past
+          (1, 8, 1, 1, 1500, 256), (2, 8, 1, 200, 200, 256), (2, 4, 2, 19, 90, 256)]
 
 
 def _inputs(b, nq, nkv, s, t, d, dtype, pad, seed):
@@ -134,7 +136,8 @@ def test_bad_shapes_are_an_ort_error_and_the_next_run_works(gpu_library):
     np.testing.assert_allclose(y, 1.0, rtol=1e-6)
 
 
-DECODERS = [("llama-tiny", "dynamo", "sdpa"), ("llama-tiny", "torchscript", "sdpa"), ("gpt2-tiny", "dynamo", "eager")]
+DECODERS = [("llama-tiny", "dynamo", "sdpa"), ("llama-tiny", "torchscript", "sdpa"), ("gpt2-tiny", "dynamo", "eager"),
+            ("gemma-tiny", "dynamo", "sdpa")]  # head dim 256
 
 
 @pytest.mark.parametrize("name, exporter, impl", DECODERS)

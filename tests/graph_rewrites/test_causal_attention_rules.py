@@ -191,7 +191,8 @@ CASES += [("gpt2-tiny", e, i, True, None, 0 if (e, i) == ("torchscript", "sdpa")
 CASES += [("gpt2-tiny", "torchscript", "sdpa", False, None, 0), ("gpt2-tiny", "dynamo", "eager", False, None, 1),
           ("mistral-tiny", "dynamo", "sdpa", True, None, 1), ("qwen2-tiny", "torchscript", "eager", True, None, 1),
           ("llama-tiny", "dynamo", "sdpa", True, 23, 0), ("gpt2-tiny", "dynamo", "sdpa", True, 23, 0),
-          ("gemma-tiny", "dynamo", "sdpa", True, None, 1), ("gemma-tiny", "torchscript", "eager", True, None, 1)]  # D 256
+          # Gemma's head dim 256
+          ("gemma-tiny", "dynamo", "sdpa", True, None, 1), ("gemma-tiny", "torchscript", "eager", True, None, 1)]
 
 
 @pytest.fixture(scope="module")
