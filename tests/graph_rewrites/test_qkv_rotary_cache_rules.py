@@ -1,6 +1,6 @@
 """qkv_rotary_cache (graph_rewrites/qkv_rotary_cache.py): a layer's Split of its packed Q/K/V,
 head Reshapes, TransposeRotary of q and k, V's Transpose and the cache Concats -> one QKVRotaryCache; with
-per-head RMSNorms of q and k before the rotaries (Qwen3), qkv_norm_rotary_cache (opt-in) -> one
+per-head RMSNorms of q and k before the rotaries (Qwen3), qkv_norm_rotary_cache -> one
 QKVNormRotaryCache.
 
 Real exports (Llama / Mistral / Qwen2 / Phi by both exporters and at opset 23, with the cache; Qwen3 by both):
@@ -103,16 +103,16 @@ NORM_RULE = "qkv_norm_rotary_cache"
 
 
 def test_a_layer_with_head_norms_fuses_into_the_norm_op():
-    """q and k RMSNorm-ed per head before their rotaries (Qwen3): qkv_rotary_cache refuses the layer, naming
-    qkv_norm_rotary_cache (off by default), which makes one QKVNormRotaryCache with both gammas and the norms'
-    epsilon, the outputs the original's."""
+    """q and k RMSNorm-ed per head before their rotaries (Qwen3): qkv_norm_rotary_cache (on by default) makes one
+    QKVNormRotaryCache with both gammas and the norms' epsilon, the outputs the original's; without it,
+    qkv_rotary_cache refuses the layer, naming it."""
     m = _layer(norms={"q": 1e-5, "k": 1e-5})
-    assert not registry.BY_NAME[NORM_RULE].default
-    off, rep = graph_rewrites.optimize(m, report=True)
+    assert registry.BY_NAME[NORM_RULE].default
+    off, rep = graph_rewrites.optimize(m, report=True, disable=[NORM_RULE])
     assert NORM_RULE not in rep.rules and rep.rules[RULE].matched == 0
     assert f"rule {NORM_RULE} takes such layers" in _reasons(rep, RULE), _reasons(rep, RULE)
     assert graph_rewrites.op_counts(off)["ai.ort_triton.TransposeRotary"] == 2
-    out, rep = graph_rewrites.optimize(m, report=True, enable=[NORM_RULE])
+    out, rep = graph_rewrites.optimize(m, report=True)
     st = rep.rules[NORM_RULE]
     assert (st.tried, st.matched, st.refused) == (1, 1, []), st
     assert (rep.rules[RULE].tried, rep.rules[RULE].matched) == (0, 0), rep.rules[RULE]
@@ -194,10 +194,11 @@ def test_qwen3_export_fuses_its_head_norms(tmp_path_factory, exporter):
     path = _export(tmp_path_factory, "qwen3-tiny", exporter, None)
     model = decoders.build("qwen3-tiny")
     layers = decoders.cache_spec(model)[0]
-    base, rep = graph_rewrites.optimize(path, report=True)  # the default: the layers refused, with the reason
+    # without the rule: the layers refused by qkv_rotary_cache, with the reason
+    base, rep = graph_rewrites.optimize(path, report=True, disable=[NORM_RULE])
     assert rep.rules[RULE].tried == layers and len(rep.rules[RULE].refused) == layers, rep.rules[RULE]
     base = graph_rewrites.op_counts(base)
-    out, rep = graph_rewrites.optimize(path, report=True, enable=[NORM_RULE])
+    out, rep = graph_rewrites.optimize(path, report=True)
     st = rep.rules[NORM_RULE]
     assert st.tried == st.matched == layers and not st.refused, st
     ops = graph_rewrites.op_counts(out)
