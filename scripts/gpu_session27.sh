@@ -10,6 +10,8 @@
 #           default rules without it (A = ort_triton_cuda_graph-causal_attention); its GPU tests first
 #           (tests/gpu/test_causal_attention_gpu.py -k 256 or gemma). JSON in $OUT/ab_gemma-2b_attention256.json.
 #   qwen3, gemma   scripts/gpu_session26.sh's A/B of qkv_norm_rotary_cache and gelu_mul.
+#   profile_prefill  Llama-1B's prefill 1x512 kernel by kernel, the default against + add_rms_norm_swiglu (its steps
+#           lose 3-5% at prefill: which one). $OUT/profile_llama-1b_prefill.json.
 #   profile Llama-1B's decode step 1x1024 kernel by kernel (CUPTI), A + add_rms_norm_swiglu against the same + linear
 #           (session 26: Linear lost in the model, 0.99x, where the chain sweep had it at 1.01-1.19x): which of the
 #           Q/K/V, o and down products loses. $OUT/profile_llama-1b_decode.json.
@@ -35,6 +37,20 @@ for step in ${STEPS:-tests ab}; do
   profile)
     STEPS=profile PROFILE_RUNTIMES=ort_triton_cuda_graph+add_rms_norm_swiglu,ort_triton_cuda_graph+add_rms_norm_swiglu+linear \
       bash "$(dirname "$0")/gpu_session25.sh" ;;
+  profile_prefill)  # which of AddRMSNormSwiGLU's steps loses at prefill (session 27: 0.953x at 1x512)
+    timeout "${PROFILE_TIMEOUT:-240}" python3 -m ort_triton.bench.decoder --model llama-1b --prefill 1x512 --decode '' \
+      --runtimes ort_triton_cuda_graph,ort_triton_cuda_graph+add_rms_norm_swiglu --iters 20 --work build/decoder_work \
+      --profile --json "$OUT/profile_llama-1b_prefill.json" 2>&1 | filter | tail -4
+    python3 - "$OUT/profile_llama-1b_prefill.json" <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1])):
+    p = r.get("gpu_profile")
+    if p:
+        print(r["runtime"], f"p50 {r['p50_ms']:.3f} ms, {p['total_us']:.0f} us GPU in {p['kernels_per_inference']:.0f} kernels")
+        for t in p["top"][:12]:
+            print(f"  {t['us']:8.1f}  {t['kernel'][:100]}")
+PY
+    ;;
   *) echo "unknown step $step" >&2; exit 2 ;;
   esac
 done
