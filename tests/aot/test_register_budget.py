@@ -1,16 +1,11 @@
 """No register spills in the attention specs BERT-sized models run (head dim 64), on Ampere and Hopper:
 the Hopper-tuned 4 warps spill on sm_8x, so those archs compile with Spec.pre_hopper (ops/attention.py); and
 the packed kernel, which stages q + bq through Y because holding it in registers spills (kernels/attention.py).
-ptxas' resource report (cuobjdump -res-usage) is read from the cubins; no GPU needed. The compile runs in a
-subprocess: the tests' TRITON_INTERPRET=1 (conftest) would hand the build an interpreted kernel."""
-
-import json
-import os
-import pathlib
-import subprocess
-import sys
+ptxas' resource report (cuobjdump -res-usage) is read from the cubins (tests/ptxas_report.py); no GPU needed."""
 
 import pytest
+
+from tests.ptxas_report import compile_rows
 
 pytest.importorskip("triton")
 
@@ -36,12 +31,7 @@ print(json.dumps(rows))
 @pytest.mark.parametrize("op", ["MultiHeadAttention", "PackedMultiHeadAttention"])
 @pytest.mark.parametrize("arch", [80, 90])
 def test_head_dim_64_attention_does_not_spill(arch, op, tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = pathlib.Path(__file__).resolve().parents[2]
-    res = subprocess.run([sys.executable, "-c", SCRIPT, str(arch), str(tmp_path), op], capture_output=True, text=True,
-                         env=env, cwd=root)
-    assert res.returncode == 0, res.stderr[-2000:]
-    rows = json.loads(res.stdout.splitlines()[-1])
+    rows = compile_rows(SCRIPT, arch, tmp_path, op)
     assert len(rows) == 2  # Sq, Skv multiples of 16, and any length
     for r in rows:
         assert r["stack"] == 0, f"spec {r['spec']} on sm_{arch} ({r['warps']} warps) spills: {r['usage']}"
@@ -74,12 +64,7 @@ print(json.dumps(rows))
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", [80, 90])
 def test_decode_product_specs_do_not_spill(arch, tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = pathlib.Path(__file__).resolve().parents[2]
-    res = subprocess.run([sys.executable, "-c", _PRODUCTS_SCRIPT, str(arch), str(tmp_path)], capture_output=True,
-                         text=True, env=env, cwd=root)
-    assert res.returncode == 0, res.stderr[-2000:]
-    rows = json.loads(res.stdout.splitlines()[-1])
+    rows = compile_rows(_PRODUCTS_SCRIPT, arch, tmp_path)
     assert {r["op"] for r in rows} == {"Linear", "AddRMSNormLinear", "AddRMSNormSwiGLU"}
     spills = [f"{r['op']} {r['type']} spec {r['spec']}: {r['usage']}" for r in rows if r["stack"]]
     assert not spills, f"sm_{arch}: " + "; ".join(spills)

@@ -8,11 +8,7 @@ rows see no key at all) in both meanings of such rows, and the function body on 
 reference. Outputs are poisoned with NaN before each run.
 """
 
-import json
 import os
-import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import onnx
@@ -32,6 +28,7 @@ from ort_triton.ops.causal_attention import (
     reference_causal_attention,
     split_keys,
 )
+from tests.ptxas_report import compile_rows
 
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"  # conftest decides
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -306,13 +303,8 @@ print(json.dumps(rows))
 @pytest.mark.parametrize("arch", [80, 90])
 def test_llama_head_dims_do_not_spill(arch, tmp_path):
     """ptxas' resource report of the decode and prefill specs at head dims 64 and 128 (fp16, bf16) and of every
-    decode spec (all types): no stack. The compile runs in a subprocess, without the tests' TRITON_INTERPRET=1."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = pathlib.Path(__file__).resolve().parents[2]
-    res = subprocess.run([sys.executable, "-c", _SPILL_SCRIPT, str(arch), str(tmp_path)], capture_output=True,
-                         text=True, env=env, cwd=root)
-    assert res.returncode == 0, res.stderr[-2000:]
-    rows = json.loads(res.stdout.splitlines()[-1])
+    decode spec (all types): no stack (tests/ptxas_report.py)."""
+    rows = compile_rows(_SPILL_SCRIPT, arch, tmp_path)
     # fp16, bf16: a decode spec per head dim (two at BLOCK_D 64: head dims 40 and 64, below and from DECODE_WIDE
     # programs) and the prefill ones at 64, 128, 256; fp32: the decode specs
     assert len(rows) == 2 * (len(CAUSAL_HEAD_DIMS) + 2 + 3) + len(CAUSAL_HEAD_DIMS)
