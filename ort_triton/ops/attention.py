@@ -118,8 +118,10 @@ KERNEL = Kernel(
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) per element type and BLOCK_D. fp16/bf16 at BLOCK_D=64 (BERT's
 # head dim) comes from the H200 sweep: 4 warps, 3 stages, 1.8x the first choice at 8x2048; the others are
 # first choices, to be swept. Checked with ptxas (Triton 3.6): no spills on sm_90 (255 registers at D=64);
-# on sm_8x 4 warps at D=64 spill, so those GPUs keep 8 warps, 2 stages (_PRE_HOPPER); fp32 at
-# BLOCK_D=128 spills under 64 bytes. Shared memory: at most 48 KB on sm_8x, 64 KB on sm_90 (fp16/bf16),
+# on sm_8x 4 warps at D=64 spill, so those GPUs keep 8 warps, 2 stages (_PRE_HOPPER). fp32 spills (ptxas, Triton
+# 3.6, session 27): 96-144 bytes at BLOCK_D=64, 1.2-1.3 KB at 128 on sm_80 and sm_90, and no tile tried at 128 is
+# spill-free (16 x 16 at 8 warps still 80-104 bytes); fp32 runs right but is not a timed target.
+# Shared memory: at most 48 KB on sm_8x, 64 KB on sm_90 (fp16/bf16),
 # 72 KB (fp32): under sm_86/89's 99 KB, so an image also runs on a later GPU of its major. fp16/bf16 take
 # 128 query rows per program like FlashAttention-2; fp32 dots run as 3xTF32, which holds each operand
 # twice: 32x32 tiles.
