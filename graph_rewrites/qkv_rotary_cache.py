@@ -12,8 +12,8 @@ and those nine nodes become QKVRotaryCache(QKV, cos, sin, past_key, past_value) 
 present_value), the outputs keeping their names (present_* are graph outputs). Q may have any readers; every
 value in between must have none but the next node of the chain.
 
-qkv_norm_rotary_cache (it runs first; on by default since session 27's H100 A/B of Qwen3-0.6B): Qwen3 normalises each q and k head
-before the rotation (q_norm, k_norm: RMSNorm over D, which the rms_norm rules have made our RMSNorm):
+qkv_norm_rotary_cache (it runs first; on by default since session 27's H100 A/B of Qwen3-0.6B): Qwen3 normalises
+each q and k head before the rotation (q_norm, k_norm: RMSNorm over D, which the rms_norm rules have made our RMSNorm):
 RMSNorm(Reshape(q), q_gamma) and RMSNorm(Reshape(k), k_gamma) sit between the Reshapes and the TransposeRotarys,
 and the eleven nodes become QKVNormRotaryCache(QKV, cos, sin, past_key, past_value, q_gamma, k_gamma). Both q and
 k normed, with one epsilon, gammas of QKV's type. qkv_rotary_cache refuses such a layer, naming the other rule.
