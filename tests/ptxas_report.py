@@ -1,10 +1,12 @@
 """ptxas' resource report of AOT-compiled specs, for the no-spill tests (tests/aot/test_register_budget.py,
-tests/ops/test_causal_attention_kernel.py). The compile runs in a subprocess without the tests' TRITON_INTERPRET=1
-(conftest), which would hand the build an interpreted kernel; no GPU needed."""
+tests/ops/test_causal_attention_kernel.py). Each test's script runs in a subprocess (compile_rows) without the
+tests' TRITON_INTERPRET=1 (conftest), which would hand the build an interpreted kernel, and reads each spec's
+report through spec_usage; no GPU needed."""
 
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -18,3 +20,18 @@ def compile_rows(script: str, *args) -> list[dict]:
                          cwd=ROOT)
     assert res.returncode == 0, res.stderr[-2000:]
     return json.loads(res.stdout.splitlines()[-1])
+
+
+def spec_usage(op, type_name: str, index: int, spec, arch: int, out: pathlib.Path) -> dict:
+    """Inside compile_rows' script: compile spec `index` of `op` for sm_`arch` into `out`, and read its cubin's
+    resource report (cuobjdump -res-usage): the spec, its type, the warps it compiled with, its stack (spill) bytes
+    and the report's tail."""
+    import triton
+
+    from ort_triton.aot.compile import Job, compile_job
+
+    c = compile_job(Job(op, type_name, index, spec, arch), out)
+    tool = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    usage = subprocess.run([str(tool), "-res-usage", str(c.cubin)], capture_output=True, text=True, check=True).stdout
+    return dict(spec=index, type=type_name, warps=c.num_warps, stack=int(re.search(r"STACK:(\d+)", usage).group(1)),
+                usage=usage.strip()[-200:])

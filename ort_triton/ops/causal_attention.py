@@ -39,8 +39,8 @@ from ..contract import ANY, IO, Attr, Kernel, OpContract, Spec, Tuning, attr_ref
 from .attention import HEAD_DIMS, block_d
 from .tune_space import random_inputs, tile_candidates
 
-# The encoder attention's head dims and Gemma's 256 (Gemma 1, 2 and 3 at every size but Gemma 3's 270M): a decoder's
-# attention left to ORT at 256 ran as a dozen small kernels a layer (MatMul, Softmax, the GQA Expand).
+# The encoder attention's head dims and Gemma's 256 (Gemma-2B's and -7B's): a decoder's attention left to ORT at
+# 256 ran as a dozen small kernels a layer (MatMul, Softmax, the GQA Expand).
 CAUSAL_HEAD_DIMS = HEAD_DIMS + (256,)
 
 

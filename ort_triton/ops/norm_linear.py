@@ -62,7 +62,7 @@ CONFIGS = {
 STEPS_BLOCK_N, STEPS_BLOCK_K = 64, 128
 ROW_BLOCK = 2048  # the chunk of one row (kernels/norm_linear.py _rstd_one_row): the one-row prologue, MODE 1
 # BLOCK_K of the other tiles, each the widest whose spec compiles without spilling (ptxas, sm_80 and sm_90; tested in
-# tests/ops/test_norm_linear_op.py): fp32 tiles are twice the bytes, and a masked tile (BLOCK_K does not divide K,
+# tests/aot/test_register_budget.py): fp32 tiles are twice the bytes, and a masked tile (BLOCK_K does not divide K,
 # K not known to be a multiple of 16) needs more registers for its addresses and masks than an unmasked one.
 MASKED_BLOCK_K = 128
 FP32_BLOCK_K, FP32_MASKED_BLOCK_K = 32, 16

@@ -10,20 +10,12 @@ from tests.ptxas_report import compile_rows
 pytest.importorskip("triton")
 
 SCRIPT = r"""
-import json, pathlib, re, subprocess, sys
-import triton
-from ort_triton.aot.compile import Job, compile_job
+import json, pathlib, sys
 from ort_triton.ops import BY_NAME
+from tests.ptxas_report import spec_usage
 arch, out, OP = int(sys.argv[1]), pathlib.Path(sys.argv[2]), BY_NAME[sys.argv[3]]
-tool = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-rows = []
-for i, spec in enumerate(OP.specializations("float16")):
-    if spec.constexprs["HEAD_DIM"] != 64:
-        continue
-    c = compile_job(Job(OP, "float16", i, spec, arch), out)
-    usage = subprocess.run([str(tool), "-res-usage", str(c.cubin)], capture_output=True, text=True, check=True).stdout
-    rows.append(dict(spec=i, warps=c.num_warps, want_warps=spec.launch(arch)[0],
-                     stack=int(re.search(r"STACK:(\d+)", usage).group(1)), usage=usage.strip()[-200:]))
+rows = [dict(spec_usage(OP, "float16", i, spec, arch, out), want_warps=spec.launch(arch)[0])
+        for i, spec in enumerate(OP.specializations("float16")) if spec.constexprs["HEAD_DIM"] == 64]
 print(json.dumps(rows))
 """
 
@@ -42,21 +34,13 @@ def test_head_dim_64_attention_does_not_spill(arch, op, tmp_path):
 # as fits: at BLOCK_K 256 the masked fused spec spilled 264-344 bytes on sm_90, and the steps spec, which carried the
 # fused product's code beside its own, 408-528 (session 27: ops/norm_linear.py MASKED_BLOCK_K, the kernel's FUSED).
 _PRODUCTS_SCRIPT = r"""
-import json, pathlib, re, subprocess, sys
-import triton
-from ort_triton.aot.compile import Job, compile_job
+import json, pathlib, sys
 from ort_triton.ops import BY_NAME
+from tests.ptxas_report import spec_usage
 arch, out = int(sys.argv[1]), pathlib.Path(sys.argv[2])
-tool = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-rows = []
-for name in ("Linear", "AddRMSNormLinear", "AddRMSNormSwiGLU"):
-    for t in ("float16", "bfloat16", "float"):
-        for i, spec in enumerate(BY_NAME[name].specializations(t)):
-            c = compile_job(Job(BY_NAME[name], t, i, spec, arch), out)
-            usage = subprocess.run([str(tool), "-res-usage", str(c.cubin)], capture_output=True, text=True,
-                                   check=True).stdout
-            rows.append(dict(op=name, type=t, spec=i, stack=int(re.search(r"STACK:(\d+)", usage).group(1)),
-                             usage=usage.strip()[-120:]))
+rows = [dict(spec_usage(BY_NAME[name], t, i, spec, arch, out), op=name)
+        for name in ("Linear", "AddRMSNormLinear", "AddRMSNormSwiGLU") for t in ("float16", "bfloat16", "float")
+        for i, spec in enumerate(BY_NAME[name].specializations(t))]
 print(json.dumps(rows))
 """
 

@@ -278,23 +278,17 @@ def test_function_body_matches_the_reference(opset, masked_rows, nq, nkv, s, t):
 # ---- registers: no spills in the specs Llama-sized models run (head dims 64, 128) and in every decode spec (the
 # blocked merge's chunk tile, ops/causal_attention.py merge_block), Ampere and Hopper ------------------------------
 _SPILL_SCRIPT = r"""
-import json, pathlib, re, subprocess, sys
-import triton
-from ort_triton.aot.compile import Job, compile_job
+import json, pathlib, sys
 from ort_triton.ops import CAUSAL_ATTENTION as OP
+from tests.ptxas_report import spec_usage
 arch, out = int(sys.argv[1]), pathlib.Path(sys.argv[2])
-tool = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 rows = []
 for t in ("float16", "bfloat16", "float"):
     for i, spec in enumerate(OP.specializations(t)):
         llama = t != "float" and spec.constexprs["HEAD_DIM"] in (64, 128, 256)  # and Gemma's
-        if not (llama or spec.constexprs["SPLIT_K"]):
-            continue
-        c = compile_job(Job(OP, t, i, spec, arch), out)
-        usage = subprocess.run([str(tool), "-res-usage", str(c.cubin)], capture_output=True, text=True,
-                               check=True).stdout
-        rows.append(dict(type=t, spec=i, head_dim=spec.constexprs["HEAD_DIM"], decode=spec.constexprs["SPLIT_K"],
-                         stack=int(re.search(r"STACK:(\d+)", usage).group(1)), usage=usage[-200:]))
+        if llama or spec.constexprs["SPLIT_K"]:
+            rows.append(dict(spec_usage(OP, t, i, spec, arch, out), head_dim=spec.constexprs["HEAD_DIM"],
+                             decode=spec.constexprs["SPLIT_K"]))
 print(json.dumps(rows))
 """
 
