@@ -71,11 +71,11 @@ RULES: tuple[RuleInfo, ...] = (
              lambda: [gelu.GeluTanhRule.rule("gelu_tanh", form=f) for f in range(3)], commute=True),
     RuleInfo("bias_gelu", "BiasGelu[Tanh](x + b, 0) -> BiasGelu[Tanh](x, b)", 2,
              lambda: [gelu.FoldBiasRule.rule("bias_gelu", tanh=t) for t in (False, True)], commute=True),
-    # Stage 3: after bias_gelu folded the gate's bias. Off by default until timed on a GPU (one elementwise pass
-    # for two).
+    # Stage 3: after bias_gelu folded the gate's bias. One elementwise pass for two. On by default since its H100
+    # run (session 28, bench/results/README.md): Gemma-2B prefill 1x512 1.037x, decode 1.016x (1x1024) and 1.003x
+    # (16x1024), rounds 1.002-1.045.
     RuleInfo("gelu_mul", "Mul(BiasGelu[Tanh](x, b), u) -> BiasGelu[Tanh]Mul(x, b, u) (GeGLU: Gemma)", 3,
-             lambda: [gelu.GeluMulRule.rule("gelu_mul", tanh=t) for t in (False, True)], commute=True,
-             default=False),
+             lambda: [gelu.GeluMulRule.rule("gelu_mul", tanh=t) for t in (False, True)], commute=True),
     RuleInfo("embedding_shape", "Shape(Gather(table, ids)), the lookup summed -> Concat(Shape(ids), [H]) "
              "(DistilBERT's torchscript sequence length)", 1,
              lambda: [eln.EmbeddingShapeRule.rule("embedding_shape")], emits="Concat"),

@@ -403,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("--disable", action="append", metavar="RULE", help="skip this rule (repeatable)")
     o.add_argument("--enable", action="append", metavar="RULE", help="also apply this rule of those off by "
                    "default, not yet timed on a GPU or measured slower (repeatable; today: linear, "
-                   "add_rms_norm_linear, add_rms_norm_swiglu, gelu_mul)")
+                   "add_rms_norm_linear, add_rms_norm_swiglu)")
     o.add_argument("--float16", action="store_true", help="convert to fp16 after fusing (onnxruntime's converter)")
     o.add_argument("--keep-io-types", action="store_true", help="with --float16: graph inputs/outputs stay fp32")
     o.add_argument("--keep-fp32", metavar="OP,OP", help="with --float16: ops left in fp32 (default: "

@@ -11,7 +11,10 @@
 #           (tests/gpu/test_causal_attention_gpu.py -k 256 or gemma). JSON in $OUT/ab_gemma-2b_attention256.json.
 #   qwen3, gemma   scripts/gpu_session26.sh's A/B of qkv_norm_rotary_cache and gelu_mul.
 #   profile_prefill  Llama-1B's prefill 1x512 kernel by kernel, the default against + add_rms_norm_swiglu (its steps
-#           lose 3-5% at prefill: which one). $OUT/profile_llama-1b_prefill.json.
+#           lose 3-5% at prefill: which one), and the GPU's idle time between kernels by the pair around each gap.
+#           $OUT/profile_llama-1b_prefill.json.
+#   micro   scripts/swiglu_steps_micro.py (session 28): each of AddRMSNormSwiGLU's prefill steps under the JIT against
+#           the launch the unfused graph makes. $OUT/swiglu_steps_micro.jsonl.
 #   profile Llama-1B's decode step 1x1024 kernel by kernel (CUPTI), A + add_rms_norm_swiglu against the same + linear
 #           (session 26: Linear lost in the model, 0.99x, where the chain sweep had it at 1.01-1.19x): which of the
 #           Q/K/V, o and down products loses. $OUT/profile_llama-1b_decode.json.
@@ -49,8 +52,14 @@ for r in json.load(open(sys.argv[1])):
         print(r["runtime"], f"p50 {r['p50_ms']:.3f} ms, {p['total_us']:.0f} us GPU in {p['kernels_per_inference']:.0f} kernels")
         for t in p["top"][:12]:
             print(f"  {t['us']:8.1f}  {t['kernel'][:100]}")
+        print(f"  idle between kernels {p.get('idle_us', 0):.0f} us, most:")
+        for g in p.get("gaps", [])[:10]:
+            print(f"  {g['us']:8.1f}  {g['between'][:120]}")
 PY
     ;;
+  micro)
+    timeout "${MICRO_TIMEOUT:-150}" python3 scripts/swiglu_steps_micro.py --json "$OUT/swiglu_steps_micro.jsonl" 2>&1 |
+      filter | tail -24 ;;
   *) echo "unknown step $step" >&2; exit 2 ;;
   esac
 done

@@ -50,17 +50,34 @@ def trace(run, iters: int) -> dict:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
     per_kernel = collections.Counter()
-    launches = 0
+    spans = []
     for ev in prof.events():
         if ev.device_type.name == "CUDA":  # a kernel or a copy on the GPU; its time range is in us
             per_kernel[ev.name] += ev.time_range.elapsed_us() / iters  # us per call
-            launches += 1
+            spans.append((ev.time_range.start, ev.time_range.end, ev.name))
     groups = collections.Counter()
     for name, us in per_kernel.items():
         groups[group_of(name)] += us
-    return dict(total_us=sum(per_kernel.values()), kernels_per_inference=launches / iters,
+    idle = idle_gaps(spans, iters)
+    return dict(total_us=sum(per_kernel.values()), kernels_per_inference=len(spans) / iters,
                 groups=dict(groups.most_common()),
-                top=[dict(kernel=k[:160], us=us) for k, us in per_kernel.most_common()])
+                top=[dict(kernel=k[:160], us=us) for k, us in per_kernel.most_common()],
+                idle_us=sum(idle.values()), gaps=[dict(between=k, us=us) for k, us in idle.most_common(12)])
+
+
+def idle_gaps(spans: list[tuple[float, float, str]], iters: int) -> collections.Counter:
+    """The GPU's idle time inside a call, us per call, by the pair of kernels around each gap ("a -> b"): where
+    a runtime's wall time exceeds its kernels' sum (a CUDA graph replays with no host in between, so a gap there is
+    the GPU's own: a kernel's ramp, a dependency, a copy). Calls are cut apart by count, each the same number of
+    kernels; when the count does not divide, no call boundary is known and nothing is reported."""
+    spans = sorted(spans)
+    per_call = len(spans) // iters if iters and spans and len(spans) % iters == 0 else 0
+    gaps = collections.Counter()
+    for i in range(1, len(spans) if per_call else 0):
+        gap = spans[i][0] - spans[i - 1][1]
+        if i % per_call and gap > 0:  # i % per_call == 0: the first kernel of the next call
+            gaps[f"{spans[i - 1][2][:60]} -> {spans[i][2][:60]}"] += gap / iters
+    return gaps
 
 
 def wall_us(run, iters: int) -> float:
@@ -92,7 +109,9 @@ def summary_lines(row: dict) -> list[str]:
     parts = ", ".join(f"{g} {us / 1e3:.2f}" for g, us in row["groups"].items())
     wall = f"wall {row['wall_us'] / 1e3:7.2f} ms, GPU busy {row['busy_fraction']:.0%}; " if "wall_us" in row else ""
     head = f"{wall}GPU {row['total_us'] / 1e3:7.2f} ms/inference in {row['kernels_per_inference']:.0f} kernels: {parts}"
-    return [head] + [f"          {t['us'] / 1e3:7.3f} ms  {t['kernel'][:110]}" for t in row["top"][:6]]
+    idle = [f"  idle {row['idle_us'] / 1e3:7.3f} ms between kernels, most:"] if row.get("gaps") else []
+    return ([head] + [f"          {t['us'] / 1e3:7.3f} ms  {t['kernel'][:110]}" for t in row["top"][:6]] + idle
+            + [f"          {g['us'] / 1e3:7.3f} ms  {g['between'][:110]}" for g in row.get("gaps", [])[:4]])
 
 
 def main(argv=None) -> None:

@@ -9,8 +9,13 @@ product's registers made the steps spec spill 400-530 bytes, session 26):
         n = T(s * rstd * gamma), then acc[j, m] = sum_k WT[j, k] * n[m, k] (and acc2 with WT2 for SwiGLU):
         Y = T(acc), or Y = T(silu(T(acc)) * T(acc2)).
     MODE 1, the norm alone (more rows; grid = M, one row a program in ROW_BLOCK chunks): n into NB [M, K], s into S.
-    MODE 2, SwiGLU alone (grid = ceil(M / BLOCK_M) x ceil(N / BLOCK_N) programs, flattened):
+    MODE 2, SwiGLU alone (grid = ceil(M * N / (BLOCK_M * BLOCK_N)), a flat block of elements a program):
         Y = T(silu(GB) * UB), GB and UB [M, N] the two GEMMs cuBLAS ran on NB between the launches.
+
+The steps' loads are 16-byte vectors only where Triton can prove the addresses aligned. An AOT spec knows no integer
+argument's divisibility unless it declares it (the JIT specialises on it unasked): MODE 1's rows start at pid * K, so
+the steps have a spec for K % 16 == 0 that declares K so; MODE 2 walks [M, N] as one flat array in blocks, aligned
+whatever N is. Session 27's steps declared neither, and ran 1.5x slower in the model than under the JIT.
 
 Why tl.dot for a product of 1-16 rows: the weight is the MMA's A operand (BLOCK_N of its rows, K contiguous as
 WT is stored) and the few rows of n, padded to BLOCK_M = 16, its B operand. Triton's pipeliner then stages the
@@ -126,11 +131,8 @@ def norm_linear_fwd(
                 g = tl.load(G + k + cs, mask=ok, other=0.0).to(tl.float32)
                 tl.store(NB + row + k + cs, (s * rstd * g).to(T), mask=ok)
         else:
-            col_blocks = tl.cdiv(N, BLOCK_N)
-            rows = (pid // col_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
-            tile_cols = (pid % col_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
-            ok = (rows < M)[:, None] & (tile_cols < N)[None, :]
-            offs = rows.to(tl.int64)[:, None] * N + tile_cols[None, :]
+            offs = pid.to(tl.int64) * (BLOCK_M * BLOCK_N) + tl.arange(0, BLOCK_M * BLOCK_N)
+            ok = offs < M.to(tl.int64) * N
             g = tl.load(GB + offs, mask=ok, other=0.0).to(tl.float32)
             u = tl.load(UB + offs, mask=ok, other=0.0).to(tl.float32)
             tl.store(Y + offs, _silu_mul(g, u).to(T), mask=ok)
@@ -169,6 +171,6 @@ def norm_linear(x, skip, gamma, wt, wt2=None, epsilon=1e-6, store_sum=False, *, 
             torch.matmul(nb, wt.t(), out=y.view(m, n))
         else:
             gb, ub = nb @ wt.t(), nb @ wt2.t()
-            grid = (triton.cdiv(m, 16) * triton.cdiv(n, block_n),)
+            grid = (triton.cdiv(m * n, 16 * block_n),)
             norm_linear_fwd[grid](x2, r2, gamma, wt, w2, y, s, nb, gb, ub, m, n, k, epsilon, 0, 2, FUSED=0, **args)
     return (y, s) if store_sum else y

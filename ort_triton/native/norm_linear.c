@@ -4,8 +4,8 @@
  * Up to BLOCK_M rows and a fused spec for (K, N): one launch, MODE 0, grid ceil(N / BLOCK_N).
  * Otherwise the steps: launch 0 (MODE 1, a program a row) normalises the rows into workspace region WS_N and writes
  * sum; cuBLAS multiplies them by the weight (TN, as Linear) into Y, or for SwiGLU by each weight into WS_G and WS_U;
- * launch 1 (MODE 2, SwiGLU only) writes Y = silu(G) * U in tiles of BLOCK_M rows. spec consts = (rows: the fused
- * spec's most, the steps' rows a MODE 2 tile; BLOCK_N, BLOCK_K). */
+ * launch 1 (MODE 2, SwiGLU only) writes Y = silu(G) * U, [rows, N] as one flat array in blocks of BLOCK_M x BLOCK_N
+ * elements. spec consts = (rows: the fused spec's most, the steps' BLOCK_M; BLOCK_N, BLOCK_K). */
 #include <limits.h>
 #include <stdio.h>
 
@@ -87,8 +87,7 @@ int ot_norm_linear_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_
     return 1;
   }
   const size_t elem = ot_element_size(x->type);
-  const int64_t row_blocks = ceil_div(rows, spec->consts[CONST_ROWS]);
-  const int64_t tiles = swiglu ? row_blocks * ceil_div(n, spec->consts[CONST_BLOCK_N]) : 0;
+  const int64_t tiles = swiglu ? ceil_div(rows * n, spec->consts[CONST_ROWS] * spec->consts[CONST_BLOCK_N]) : 0;
   if (rows > INT32_MAX || tiles > INT32_MAX ||
       (uint64_t)rows * (uint64_t)(k + (swiglu ? 2 * n : 0)) > SIZE_MAX / 2 / elem) {
     snprintf(err, err_len, "%lld rows x N=%lld need more programs or workspace than one launch takes",

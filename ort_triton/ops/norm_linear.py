@@ -57,9 +57,11 @@ CONFIGS = {
     False: ((1, (16, 8192), (1, ANY), 64, 256, 4, 4),),
     True: ((16, (16, 8192), (1, ANY), 32, 256, 3, 4),),
 }
-# The steps' spec (FUSED = 0): MODE 1 normalises a row a program in ROW_BLOCK chunks, MODE 2 multiplies
-# [BLOCK_M, BLOCK_N] tiles; any K and N (masked).
+# The steps' specs (FUSED = 0): MODE 1 normalises a row a program in ROW_BLOCK chunks, MODE 2 multiplies flat blocks
+# of BLOCK_M * BLOCK_N elements; any K and N (masked). Two: K % 16 == 0 declared (16-byte loads of each row, which
+# starts at pid * K; kernels/norm_linear.py says why it matters), then any K.
 STEPS_BLOCK_N, STEPS_BLOCK_K = 64, 128
+STEPS_K_ALIGN = 16
 ROW_BLOCK = 2048  # the chunk of one row (kernels/norm_linear.py _rstd_one_row): the one-row prologue, MODE 1
 # BLOCK_K of the other tiles, each the widest whose spec compiles without spilling (ptxas, sm_80 and sm_90; tested in
 # tests/aot/test_register_budget.py): fp32 tiles are twice the bytes, and a masked tile (BLOCK_K does not divide K,
@@ -76,18 +78,22 @@ def _block_k(type_name: str, block_k: int, even: bool) -> int:
 
 
 def _specs(swiglu: bool, type_name: str) -> list[Spec]:
-    def spec(fused, max_rows, k_range, n_range, block_n, block_k, stages, warps, even):
+    def spec(fused, max_rows, k_range, n_range, block_n, block_k, stages, warps, even, k_align=None):
         block_k = _block_k(type_name, block_k, even)
-        k_align = (block_k if even else 1, K_ALIGN_CAP)  # unmasked: BLOCK_K divides K
+        if k_align is None:
+            k_align = block_k if even else 1  # unmasked: BLOCK_K divides K
         return Spec(constexprs={"FUSED": fused, "SWIGLU": int(swiglu), "EVEN_K": int(even), "BLOCK_M": BLOCK_M,
                                 "BLOCK_N": block_n, "BLOCK_K": block_k, "ROW_BLOCK": ROW_BLOCK},
                     num_warps=warps, num_stages=stages, pre_hopper=(warps, min(stages, PRE_HOPPER_STAGES)),
-                    keys=((fused, fused), k_align, k_range, n_range), consts=(max_rows, block_n, block_k),
-                    divisible_by_16=("X", "R", "G", "WT", "WT2", "Y", "S", "NB", "GB", "UB") + (("K",) if even else ()))
+                    keys=((fused, fused), (k_align, K_ALIGN_CAP), k_range, n_range),
+                    consts=(max_rows, block_n, block_k),
+                    divisible_by_16=("X", "R", "G", "WT", "WT2", "Y", "S", "NB", "GB", "UB")
+                    + (("K",) if even or k_align >= 16 else ()))
 
     configs = CONFIGS[swiglu]
     specs = [spec(1, *c, True) for c in configs] + [spec(1, *c, False) for c in configs]
-    specs.append(spec(0, BLOCK_M, (1, ANY), (1, ANY), STEPS_BLOCK_N, STEPS_BLOCK_K, 1, 4, False))
+    steps = (0, BLOCK_M, (1, ANY), (1, ANY), STEPS_BLOCK_N, STEPS_BLOCK_K, 1, 4, False)
+    specs += [spec(*steps, k_align=STEPS_K_ALIGN), spec(*steps, k_align=1)]
     return specs
 
 

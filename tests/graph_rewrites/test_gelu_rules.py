@@ -1,5 +1,5 @@
 """GELU rules on hand-built graphs: every spelling they claim (with and without the MatMul bias), and the
-ones they must refuse; fused graphs give the original's outputs on ORT CPU. gelu_mul (GeGLU, opt-in) on a
+ones they must refuse; fused graphs give the original's outputs on ORT CPU. gelu_mul (GeGLU) on a
 hand-built gated MLP and on Gemma's exports."""
 
 import math
@@ -162,7 +162,7 @@ def test_float16_constants_still_refuse_another_function():
     assert any("constants are not those of the tanh gelu" in r.reason for r in rep.rules["gelu_tanh"].refused)
 
 
-# ---- gelu_mul: GeGLU's product (opt-in) ---------------------------------------------------------------------------
+# ---- gelu_mul: GeGLU's product (on by default) -----------------------------------------------------------------
 
 def _geglu(approximate, up_shape=("n", H), swap=False):
     """y = Gelu(x @ w + b) * (x @ w2), the product's operands in either order; up_shape: the up operand's declared
@@ -183,11 +183,11 @@ def _geglu(approximate, up_shape=("n", H), swap=False):
 @pytest.mark.parametrize("swap", [False, True])
 def test_gelu_mul(approximate, swap):
     m = _geglu(approximate, swap=swap)
-    plain = graph_rewrites.optimize(m)  # off by default: BiasGelu[Tanh] and the Mul stay two ops
+    plain = graph_rewrites.optimize(m, disable=["gelu_mul"])  # without it BiasGelu[Tanh] and the Mul stay two ops
     fused_op = "BiasGeluTanhMul" if approximate == "tanh" else "BiasGeluMul"
     plain_ops = graph_rewrites.op_counts(plain)
     assert plain_ops["Mul"] == 1 and f"ai.ort_triton.{fused_op}" not in plain_ops, plain_ops
-    out, rep = graph_rewrites.optimize(m, report=True, enable=["gelu_mul"])
+    out, rep = graph_rewrites.optimize(m, report=True)
     assert rep.rules["gelu_mul"].matched == 1, rep.rules["gelu_mul"]
     ops = graph_rewrites.op_counts(out)
     assert ops == {"MatMul": 2, f"ai.ort_triton.{fused_op}": 1}, ops
@@ -201,7 +201,7 @@ def test_gelu_mul(approximate, swap):
 
 def test_gelu_mul_refuses_a_broadcasting_product():
     m = _geglu("tanh", up_shape=(1, H))
-    out, rep = graph_rewrites.optimize(m, report=True, enable=["gelu_mul"])
+    out, rep = graph_rewrites.optimize(m, report=True)
     st = rep.rules["gelu_mul"]
     assert st.matched == 0 and any("not provably one shape" in r.reason for r in st.refused), st
     assert "ai.ort_triton.BiasGeluTanh" in graph_rewrites.op_counts(out)
@@ -217,7 +217,7 @@ def test_gemma_export_fuses_its_geglu(tmp_path_factory, exporter):
     path = _export(tmp_path_factory, "gemma-tiny", exporter)
     model = decoders.build("gemma-tiny")
     layers = decoders.cache_spec(model)[0]
-    out, rep = graph_rewrites.optimize(path, report=True, enable=["gelu_mul"])
+    out, rep = graph_rewrites.optimize(path, report=True)
     ops = graph_rewrites.op_counts(out)
     assert rep.rules["gelu_mul"].matched == layers and not rep.rules["gelu_mul"].refused, rep.rules["gelu_mul"]
     assert ops["ai.ort_triton.BiasGeluTanhMul"] == layers and "ai.ort_triton.BiasGeluTanh" not in ops, ops

@@ -206,6 +206,8 @@ def test_more_rows_run_the_steps(lib, swiglu, lead, k, n):
     rows = int(np.prod(lead))
     spec = op.specializations("float16")[int(re.search(r" spec=(\d+)", msg)[1])]
     assert spec.keys[0] == (0, 0)
+    # K % 16 == 0 takes the spec that declares it (MODE 1's rows load as 16-byte vectors), other K the general one
+    assert ("K" in spec.divisible_by_16) == (k % 16 == 0) and spec.keys[1][0] == (16 if k % 16 == 0 else 1)
     assert re.search(rf" grid={rows},1,1 ", msg), msg  # MODE 1: a program a row
     gemms = re.findall(r" then=cublasGemmEx m=(\d+) n=(\d+) k=(\d+) trans=(\d+) ld=(\S+) ptrs=(\d+),(\d+),(\d+)", msg)
     n_in = len(op.inputs)
@@ -213,7 +215,7 @@ def test_more_rows_run_the_steps(lib, swiglu, lead, k, n):
     if swiglu:
         assert gemms == [(str(n), str(rows), str(k), "10", f"{k},{k},{n}", "3", str(ws), str(ws + 1)),
                          (str(n), str(rows), str(k), "10", f"{k},{k},{n}", "4", str(ws), str(ws + 2))], msg
-        assert f" grid2={-(-rows // BLOCK_M) * -(-n // STEPS_BLOCK_N)},1,1" in msg
+        assert f" grid2={-(-rows * n // (BLOCK_M * STEPS_BLOCK_N))},1,1" in msg  # flat blocks of [rows, N]
     else:
         assert gemms == [(str(n), str(rows), str(k), "10", f"{k},{k},{n}", "3", str(ws), str(n_in))], msg
         assert "grid2" not in msg
@@ -247,11 +249,14 @@ def test_plan_refusals_name_the_input(lib, op, shapes, match):
 
 
 def test_specs_cover_every_shape():
-    """Every type has the steps' spec (any K, N), after the fused ones: no shape lacks a kernel."""
+    """Every type has the steps' specs (any K, N), after the fused ones: K % 16 == 0 declared, then any K; no shape
+    lacks a kernel."""
     for op in OPS.values():
         for t in op.types:
             specs = op.specializations(t)
-            assert specs[-1].keys[0] == (0, 0) and all(s.keys[0] == (1, 1) for s in specs[:-1])
+            assert all(s.keys[0] == (0, 0) for s in specs[-2:]) and all(s.keys[0] == (1, 1) for s in specs[:-2])
+            assert specs[-2].keys[1][0] == 16 and "K" in specs[-2].divisible_by_16
+            assert specs[-1].keys[1][0] == 1 and "K" not in specs[-1].divisible_by_16
             assert specs[-1].keys[2][1] >= 1 << 31 and specs[-1].keys[3][1] >= 1 << 31
 
 
