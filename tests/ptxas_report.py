@@ -1,7 +1,8 @@
-"""ptxas' resource report of AOT-compiled specs, for the no-spill tests (tests/aot/test_register_budget.py,
-tests/ops/test_causal_attention_kernel.py). Each test's script runs in a subprocess (compile_rows) without the
-tests' TRITON_INTERPRET=1 (conftest), which would hand the build an interpreted kernel, and reads each spec's
-report through spec_usage; no GPU needed."""
+"""ptxas' resource report and the SASS memory ops of AOT-compiled specs, for the no-spill tests
+(tests/aot/test_register_budget.py, tests/ops/test_causal_attention_kernel.py) and the vector-load test
+(tests/aot/test_vector_loads.py). Each test's script runs in a subprocess (compile_rows) without the tests'
+TRITON_INTERPRET=1 (conftest), which would hand the build an interpreted kernel, and reads each spec's report through
+spec_usage or spec_memory_ops; no GPU needed."""
 
 import json
 import os
@@ -35,3 +36,19 @@ def spec_usage(op, type_name: str, index: int, spec, arch: int, out: pathlib.Pat
     usage = subprocess.run([str(tool), "-res-usage", str(c.cubin)], capture_output=True, text=True, check=True).stdout
     return dict(spec=index, type=type_name, warps=c.num_warps, stack=int(re.search(r"STACK:(\d+)", usage).group(1)),
                 usage=usage.strip()[-200:])
+
+
+def spec_memory_ops(op, type_name: str, index: int, spec, arch: int, out: pathlib.Path) -> dict:
+    """Inside compile_rows' script: compile spec `index` of `op` for sm_`arch` into `out` and count its SASS's global
+    loads and stores by width (cuobjdump -sass): {"LDG.E.128": n, "LDG.E.U16": m, ...}. A 128-bit op moves 8 fp16
+    elements, a U16 one: the kernel could not prove its addresses aligned or its mask constant over a vector."""
+    import collections
+
+    import triton
+
+    from ort_triton.aot.compile import Job, compile_job
+
+    c = compile_job(Job(op, type_name, index, spec, arch), out)
+    tool = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    sass = subprocess.run([str(tool), "-sass", str(c.cubin)], capture_output=True, text=True, check=True).stdout
+    return dict(collections.Counter(m.group(1) for m in re.finditer(r"\b((?:LDG|STG)\.E[\w.]*)", sass)))
