@@ -37,10 +37,10 @@ def main() -> None:
                 continue
             for i, spec in enumerate(op.specializations(a.type)):
                 ops = spec_memory_ops(op, a.type, i, spec, a.arch, pathlib.Path(out))
-                narrow = sum(n for k, n in ops.items() if not k.endswith((".128", ".64")))
+                narrow, total = sum(n for k, n in ops.items() if not k.endswith((".128", ".64"))), sum(ops.values())
                 rows.append(dict(op=op.name, spec=i, keys=spec.keys, declared=spec.divisible_by_16, ops=ops,
-                                 narrow=narrow, total=sum(ops.values())))
-                print(f"{op.name:22s} spec {i:3d}  {narrow:4d} of {sum(ops.values()):4d} narrow  {ops}", flush=True)
+                                 narrow=narrow, total=total))
+                print(f"{op.name:22s} spec {i:3d}  {narrow:4d} of {total:4d} narrow  {ops}", flush=True)
     if a.json:
         pathlib.Path(a.json).write_text(json.dumps(rows, indent=1))
 

@@ -103,15 +103,13 @@ def main() -> None:
         prod_bytes = 3 * m * n * e
         row("product", "silu_mul_fwd 4x1024 4w", m, lambda: silu_mul_fwd[(triton.cdiv(m, 4), triton.cdiv(n, 1024))](
             gb, ub, y2, m, n, BLOCK_I=1024, ROWS=4, num_warps=4), prod_bytes)
-        for bn in (int(v) for v in a.block_n.split(",")):
-            grid = (triton.cdiv(m, nl.BLOCK_M) * triton.cdiv(n, bn),)
-            row("product", f"MODE 2 16x{bn} 4w", m, lambda bn=bn, grid=grid: steps(2, grid, bn, 4), prod_bytes)
+        variants = [(int(v), norm_linear_fwd, "") for v in a.block_n.split(",")]
+        for bn, kernel, tag in variants + [(nl.STEPS_BLOCK_N, AOT_LIKE, " AOT-like")]:
+            grid = (triton.cdiv(m * n, nl.BLOCK_M * bn),)  # flat blocks of BLOCK_M x bn elements, as the planner
+            y.fill_(float("nan"))
+            row("product", f"MODE 2 16x{bn} 4w{tag}", m, lambda bn=bn, grid=grid, kernel=kernel: steps(
+                2, grid, bn, 4, kernel), prod_bytes)
             torch.testing.assert_close(y, y2, rtol=1e-2, atol=1e-2)
-        grid = (triton.cdiv(m * n, nl.BLOCK_M * nl.STEPS_BLOCK_N),)
-        y.fill_(float("nan"))
-        row("product", f"MODE 2 16x{nl.STEPS_BLOCK_N} 4w AOT-like", m,
-            lambda: steps(2, grid, nl.STEPS_BLOCK_N, 4, AOT_LIKE), prod_bytes)
-        torch.testing.assert_close(y, y2, rtol=1e-2, atol=1e-2)
 
     for m in (int(v) for v in a.rows.split(",")):
         at_rows(m)
