@@ -38,3 +38,12 @@ def plan_fields(lib, op: str, shapes, n_outputs: int, attrs, elem_type=FLOAT16, 
     rc, msg = plan_attrs(lib, op, shapes, n_outputs, attrs, elem_type, arch)
     assert rc == 0, msg
     return dict(kv.split("=") for kv in msg.split())
+
+
+def first_spec(contract, keys, type_name: str = "float16") -> int:
+    """The index of the spec the native planner should pick for these dispatch keys: the first of the contract's
+    specs, in dispatch order, whose key ranges hold them all (ot_find_spec's rule)."""
+    for i, spec in enumerate(contract.specializations(type_name)):
+        if len(spec.keys) == len(keys) and all(lo <= k <= hi for k, (lo, hi) in zip(keys, spec.keys)):
+            return i
+    raise AssertionError(f"{contract.name}: no spec holds keys {keys}")

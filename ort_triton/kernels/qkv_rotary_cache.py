@@ -7,19 +7,20 @@ import triton
 import triton.language as tl
 
 from ..ops.qkv_rotary_cache import BLOCK_C, heads
-from ..ops.rotary import BLOCK_DS, NUM_WARPS, block_s
-from .rotary import rope_args, rope_rows
+from ..ops.rotary import BLOCK_DS, NUM_WARPS, block_s, half_split
+from .rotary import rope_args, rope_halves, rope_rows, store_halves
 
 
 @triton.jit
 def qkv_heads_cache(QKV, BIAS, COS, SIN, PK, PV, QG, KG, Q, K, V, NQ, NKV, S, P, D, R, cos_b, cos_s, per_pair,
                     interleaved, n_new, eps, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr,
-                    ROTARY: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr):
+                    ROTARY: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr, HALF_SPLIT: tl.constexpr):
     # The body of QKVRotaryCache's kernel (ROTARY: q and k rotated with COS, SIN as Rotary's; BIAS unread) and
     # of QKVCache's (HAS_BIAS: BIAS [(NQ + 2 NKV) D] added, in fp32, to every row before the one rounding to
     # the output type; COS, SIN and the rotary scalars unread). Both at once is not an op (the bias would have
     # to go in before the rotation, into rope_rows' partner load too). NORM (QKVNormRotaryCache, with ROTARY): q heads
     # RMSNorm-ed with QG [D], k heads with KG, before the rotation (rope_rows); QG, KG and eps unread otherwise.
+    # HALF_SPLIT (with ROTARY, the spec keyed half_split): rope_halves, whose loads an aligned spec vectorises.
     # Flat grid, two kinds of program (all offsets int64):
     # - pid < n_new: the new rows, one (s-block, head h of NQ + 2 NKV, batch b) tile, the s-block fastest.
     #   QKV [B, S, NQ + 2 NKV, D] row (b, s, h) -> h < NQ: Q [B, NQ, S, D] row (b, h, s), rotated;
@@ -41,12 +42,24 @@ def qkv_heads_cache(QKV, BIAS, COS, SIN, PK, PV, QG, KG, Q, K, V, NQ, NKV, S, P,
         rows = s_blk * BLOCK_S + tl.arange(0, BLOCK_S)
         rows64 = rows.to(tl.int64)
         x_rows = QKV + ((b * S + rows64) * heads + h) * d64
+        # selects, not branches: the alignment analysis keeps a select's divisibility and loses an scf.if's (the
+        # stores were 2-byte scalars in every spec while these were branches)
+        y_rows = tl.where(h < NQ, Q + ((b * NQ + h) * s64 + rows64) * d64,
+                          tl.where(h < NQ + NKV, K + ((b * NKV + (h - NQ)) * t64 + P + rows64) * d64,
+                                   V + ((b * NKV + (h - NQ - NKV)) * t64 + P + rows64) * d64))
         if ROTARY:
             gamma = QG  # unread without NORM: the default kernel compiles as before
             if NORM:
                 gamma = QG if h < NQ else KG
-            y, mask = rope_rows(x_rows, COS, SIN, b * cos_b + rows64 * cos_s, rows < S, D, R, per_pair, interleaved,
-                                h < NQ + NKV, gamma, eps, h < NQ + NKV, BLOCK_D, NORM)
+            c_rows = b * cos_b + rows64 * cos_s
+            if HALF_SPLIT:  # the planner's half_split key: not interleaved, R = D = BLOCK_D
+                y1, y2, rows_ok = rope_halves(x_rows, COS, SIN, c_rows, rows < S, per_pair, h < NQ + NKV, gamma, eps,
+                                              h < NQ + NKV, BLOCK_D, NORM)
+                store_halves(y_rows, y1, y2, rows_ok, BLOCK_D)
+            else:
+                y, mask = rope_rows(x_rows, COS, SIN, c_rows, rows < S, D, R, per_pair, interleaved, h < NQ + NKV,
+                                    gamma, eps, h < NQ + NKV, BLOCK_D, NORM)
+                tl.store(y_rows[:, None] + tl.arange(0, BLOCK_D)[None, :], y.to(Q.dtype.element_ty), mask=mask)
         else:
             cols = tl.arange(0, BLOCK_D)
             mask = (rows < S)[:, None] & (cols < D)[None, :]
@@ -54,13 +67,7 @@ def qkv_heads_cache(QKV, BIAS, COS, SIN, PK, PV, QG, KG, Q, K, V, NQ, NKV, S, P,
             if HAS_BIAS:  # the head's D channels of the bias, one load for the tile's rows
                 bias = tl.load(BIAS + h * d64 + cols, mask=cols < D, other=0.0)
                 y = y.to(tl.float32) + bias.to(tl.float32)[None, :]
-        if h < NQ:
-            y_rows = Q + ((b * NQ + h) * s64 + rows64) * d64
-        elif h < NQ + NKV:
-            y_rows = K + ((b * NKV + (h - NQ)) * t64 + P + rows64) * d64
-        else:
-            y_rows = V + ((b * NKV + (h - NQ - NKV)) * t64 + P + rows64) * d64
-        tl.store(y_rows[:, None] + tl.arange(0, BLOCK_D)[None, :], y.to(Q.dtype.element_ty), mask=mask)
+            tl.store(y_rows[:, None] + cols[None, :], y.to(Q.dtype.element_ty), mask=mask)
     else:  # only launched when P > 0
         slab_len = (tl.full([], 0, tl.int64) + P) * d64
         per_slab = tl.cdiv(slab_len, BLOCK_C)
@@ -80,19 +87,20 @@ def qkv_heads_cache(QKV, BIAS, COS, SIN, PK, PV, QG, KG, Q, K, V, NQ, NKV, S, P,
 
 @triton.jit
 def qkv_rotary_cache_fwd(QKV, COS, SIN, PK, PV, Q, K, V, NQ, NKV, S, P, D, R, cos_b, cos_s, per_pair, interleaved,
-                         n_new, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr):
+                         n_new, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr,
+                         HALF_SPLIT: tl.constexpr):
     """QKVRotaryCache: the shared body, rotary on, no bias, no norm (BIAS, QG, KG: QKV, never read)."""
     qkv_heads_cache(QKV, QKV, COS, SIN, PK, PV, QKV, QKV, Q, K, V, NQ, NKV, S, P, D, R, cos_b, cos_s, per_pair,
-                    interleaved, n_new, 0.0, BLOCK_S, BLOCK_D, BLOCK_C, True, False, False)
+                    interleaved, n_new, 0.0, BLOCK_S, BLOCK_D, BLOCK_C, True, False, False, HALF_SPLIT)
 
 
 @triton.jit
 def qkv_norm_rotary_cache_fwd(QKV, COS, SIN, PK, PV, QG, KG, Q, K, V, NQ, NKV, S, P, D, R, cos_b, cos_s, per_pair,
                               interleaved, n_new, eps, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-                              BLOCK_C: tl.constexpr):
+                              BLOCK_C: tl.constexpr, HALF_SPLIT: tl.constexpr):
     """QKVNormRotaryCache: the shared body, q and k RMSNorm-ed then rotated, no bias (BIAS: QKV, never read)."""
     qkv_heads_cache(QKV, QKV, COS, SIN, PK, PV, QG, KG, Q, K, V, NQ, NKV, S, P, D, R, cos_b, cos_s, per_pair,
-                    interleaved, n_new, eps, BLOCK_S, BLOCK_D, BLOCK_C, True, False, True)
+                    interleaved, n_new, eps, BLOCK_S, BLOCK_D, BLOCK_C, True, False, True, HALF_SPLIT)
 
 
 @triton.jit
@@ -101,7 +109,7 @@ def qkv_cache_fwd(QKV, BIAS, PK, PV, Q, K, V, NQ, NKV, S, P, D, n_new,
     """QKVCache (ort_triton/ops/qkv_cache.py): the shared body with the bias, no rotary (COS, SIN: BIAS and the
     rotary scalars 0, never read)."""
     qkv_heads_cache(QKV, BIAS, BIAS, BIAS, PK, PV, BIAS, BIAS, Q, K, V, NQ, NKV, S, P, D, 0, 0, 0, 0, 0,
-                    n_new, 0.0, BLOCK_S, BLOCK_D, BLOCK_C, False, True, False)
+                    n_new, 0.0, BLOCK_S, BLOCK_D, BLOCK_C, False, True, False, False)
 
 
 def _check(name, qkv, past_key, past_value):
@@ -145,7 +153,8 @@ def qkv_rotary_cache(qkv, cos, sin, past_key, past_value, interleaved=0, rotary_
     q, k, v = _outputs(qkv, out, nq, nkv, d, batch, seq, past)
     bs, bd, n_new, grid = _grid(nq, nkv, d, batch, seq, past)
     scalars = (nq, nkv, seq, past, d, r, cos_b, cos_s, int(w != r), int(bool(interleaved)), n_new)
-    blocks = dict(BLOCK_S=bs, BLOCK_D=bd, BLOCK_C=BLOCK_C, num_warps=NUM_WARPS)
+    blocks = dict(BLOCK_S=bs, BLOCK_D=bd, BLOCK_C=BLOCK_C, HALF_SPLIT=half_split(d, r, w, interleaved),
+                  num_warps=NUM_WARPS)
     if (q_gamma is None) != (k_gamma is None):
         raise ValueError("qkv_rotary_cache: give both q_gamma and k_gamma, or neither")
     if q_gamma is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..ops.rotary import BLOCK_DS, MAX_HEAD_DIM, NUM_WARPS, block_s
+from ..ops.rotary import BLOCK_DS, MAX_HEAD_DIM, NUM_WARPS, block_s, half_split
 
 
 @triton.jit
@@ -48,8 +48,49 @@ def rope_rows(x_rows, COS, SIN, c_rows, row_ok, D, R, per_pair, interleaved, rot
 
 
 @triton.jit
+def rope_halves(x_rows, COS, SIN, c_rows, row_ok, per_pair, rotate, G, eps, normalize,
+                BLOCK_D: tl.constexpr, NORM: tl.constexpr):
+    """rope_rows where the pairs are half-split and R = D = BLOCK_D (the specs keyed half_split): each row read as
+    two [BLOCK_S, BLOCK_D/2] halves at constant channel offsets, masked by row alone, so an aligned spec moves
+    128-bit vectors (rope_rows' partner and cos/sin indices, built with tl.where on runtime flags, leave ptxas
+    scalar loads: scripts/sass_memory_audit.py). Returns (y1, y2, the rows' mask [BLOCK_S, 1]), y = [y1 | y2]:
+      y1 = x1 * C1 - x2 * S1,   y2 = x2 * C2 + x1 * S2
+      C1 = cos[:R/2];  C2 = cos[R/2:] (W = R) or cos[:R/2] again (W = R/2: one value per pair)
+    rotate, NORM and normalize as rope_rows'."""
+    HALF: tl.constexpr = BLOCK_D // 2
+    cols = tl.arange(0, HALF)[None, :]
+    ok = row_ok[:, None]
+    x1 = tl.load(x_rows[:, None] + cols, mask=ok, other=0.0).to(tl.float32)
+    x2 = tl.load(x_rows[:, None] + HALF + cols, mask=ok, other=0.0).to(tl.float32)
+    if NORM:
+        T = x_rows.dtype.element_ty
+        ms = tl.div_rn(tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1), tl.full([], BLOCK_D, tl.float32))
+        rstd = tl.div_rn(1.0, tl.sqrt_rn(ms + eps))[:, None]
+        g1 = tl.load(G + cols).to(tl.float32)
+        g2 = tl.load(G + HALF + cols).to(tl.float32)
+        x1 = tl.where(normalize != 0, (x1 * rstd * g1).to(T).to(tl.float32), x1)
+        x2 = tl.where(normalize != 0, (x2 * rstd * g2).to(T).to(tl.float32), x2)
+    rot = ok & (rotate != 0)
+    c1 = c_rows[:, None] + cols
+    c2 = c1 + (1 - per_pair) * HALF  # a multiple of HALF: the vectors stay aligned
+    cos1 = tl.load(COS + c1, mask=rot, other=1.0).to(tl.float32)  # pass-through: x * 1 + x_p * 0
+    sin1 = tl.load(SIN + c1, mask=rot, other=0.0).to(tl.float32)
+    cos2 = tl.load(COS + c2, mask=rot, other=1.0).to(tl.float32)
+    sin2 = tl.load(SIN + c2, mask=rot, other=0.0).to(tl.float32)
+    return x1 * cos1 + (-x2) * sin1, x2 * cos2 + x1 * sin2, ok
+
+
+@triton.jit
+def store_halves(y_rows, y1, y2, ok, BLOCK_D: tl.constexpr):
+    """Store rope_halves' result at y_rows [BLOCK_S] (each row's channel 0), in y_rows' element type."""
+    cols = tl.arange(0, BLOCK_D // 2)[None, :]
+    tl.store(y_rows[:, None] + cols, y1.to(y_rows.dtype.element_ty), mask=ok)
+    tl.store(y_rows[:, None] + BLOCK_D // 2 + cols, y2.to(y_rows.dtype.element_ty), mask=ok)
+
+
+@triton.jit
 def rotary_fwd(X, COS, SIN, Y, N, S, D, R, cos_b, cos_s, per_pair, interleaved,
-               BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, X_BSND: tl.constexpr):
+               BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, X_BSND: tl.constexpr, HALF_SPLIT: tl.constexpr):
     # program (s-block, head n, batch b) of Y [B, N, S, D] (contiguous), reading X [B, N, S, D] or, X_BSND
     # (TransposeRotary), X [B, S, N, D], the head transpose done on the way; cos/sin row (b', s') at
     # b * cos_b + s * cos_s (a stride 0 broadcasts); the maths in rope_rows.
@@ -61,10 +102,15 @@ def rotary_fwd(X, COS, SIN, Y, N, S, D, R, cos_b, cos_s, per_pair, interleaved,
         x_rows = X + ((b * S + rows.to(tl.int64)) * N + n) * D
     else:
         x_rows = X + ((b * N + n) * S + rows.to(tl.int64)) * D
-    y, mask = rope_rows(x_rows, COS, SIN, b * cos_b + rows.to(tl.int64) * cos_s, rows < S, D, R, per_pair,
-                        interleaved, 1, X, 0.0, 0, BLOCK_D, False)
-    y_rows = Y + ((b * N + n) * S + rows.to(tl.int64))[:, None] * D
-    tl.store(y_rows + tl.arange(0, BLOCK_D)[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    c_rows = b * cos_b + rows.to(tl.int64) * cos_s
+    y_rows = Y + ((b * N + n) * S + rows.to(tl.int64)) * D
+    if HALF_SPLIT:  # the planner's half_split key: not interleaved, R = D = BLOCK_D
+        y1, y2, ok = rope_halves(x_rows, COS, SIN, c_rows, rows < S, per_pair, 1, X, 0.0, 0, BLOCK_D, False)
+        store_halves(y_rows, y1, y2, ok, BLOCK_D)
+    else:
+        y, mask = rope_rows(x_rows, COS, SIN, c_rows, rows < S, D, R, per_pair, interleaved, 1, X, 0.0, 0, BLOCK_D,
+                            False)
+        tl.store(y_rows[:, None] + tl.arange(0, BLOCK_D)[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
 
 def rope_args(name, cos, sin, dtype, batch, seq, d, rotary_dim):
@@ -106,5 +152,6 @@ def rotary(x, cos, sin, interleaved=0, rotary_dim=0, *, out=None, x_bsnd=False):
     if x.numel():
         rotary_fwd[(triton.cdiv(seq, bs), heads, batch)](
             x, cos, sin, y, heads, seq, d, r, cos_b, cos_s, int(w != r), int(bool(interleaved)),
-            BLOCK_S=bs, BLOCK_D=bd, X_BSND=bool(x_bsnd), num_warps=NUM_WARPS)
+            BLOCK_S=bs, BLOCK_D=bd, X_BSND=bool(x_bsnd), HALF_SPLIT=half_split(d, r, w, interleaved),
+            num_warps=NUM_WARPS)
     return y

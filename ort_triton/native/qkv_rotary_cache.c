@@ -7,7 +7,8 @@
  * QKVNormRotaryCache inputs: QKVRotaryCache's, then q_gamma, k_gamma [D]. Attributes: Rotary's, then epsilon.
  * QKVCache inputs: QKV; bias [(Nq + 2 Nkv) D]; past_key, past_value. No attributes.
  * Outputs (both): Q [B, Nq, S, D]; present_key, present_value [B, Nkv, P + S, D].
- * Dispatch keys: (D, both D and W multiples of 16), Rotary's (QKVCache: W = D); consts = (BLOCK_S, BLOCK_D, BLOCK_C).
+ * Dispatch keys: Rotary's (D, both D and W multiples of 16, half_split); QKVCache's the first two (W = D);
+ * consts = (BLOCK_S, BLOCK_D, BLOCK_C).
  * Grid: one flat axis, n_new = ceil(S / BLOCK_S) * (Nq + 2 Nkv) * B programs for the new rows, then
  * 2 * B * Nkv * ceil(P * D / BLOCK_C) for the copy of the past. */
 #include <limits.h>
@@ -28,7 +29,7 @@ static const qkv_op QKV_NORM_ROTARY = {"QKVNormRotaryCache", 0, -1, 1, 2, 3, 4, 
 static const qkv_op QKV_CACHE = {"QKVCache", 0, 1, -1, -1, 2, 3, -1, -1, 4, 0};
 enum { ATTR_EPSILON = 2 }; /* QKVNormRotaryCache's, after Rotary's two */
 enum { OUT_Q, OUT_PRESENT_KEY, OUT_PRESENT_VALUE, N_OUTPUTS };
-enum { KEY_HEAD_DIM, KEY_ALIGNED, N_KEYS };
+enum { KEY_HEAD_DIM, KEY_ALIGNED, KEY_HALF_SPLIT, N_KEYS };
 enum { CONST_BLOCK_S, CONST_BLOCK_D, CONST_BLOCK_C };
 
 typedef struct {
@@ -92,8 +93,9 @@ static int plan_qkv(const ot_op *op, const qkv_op *k, const ot_desc *in, int n_i
   qrc_shape sh;
   if (shape_of(op, k, in, attrs, &sh, err, err_len)) return 1;
   const int64_t d = sh.rope.d, batch = sh.rope.batch, seq = sh.rope.seq, nq = sh.rope.heads;
-  const int64_t keys[N_KEYS] = {d, d % 16 == 0 && sh.rope.w % 16 == 0};
-  const ot_spec *spec = ot_find_spec(op, keys, N_KEYS, plan->arch);
+  const int64_t keys[N_KEYS] = {d, d % 16 == 0 && sh.rope.w % 16 == 0,
+                                k->cos >= 0 && !attrs[OT_ROTARY_INTERLEAVED] && sh.rope.r == d};
+  const ot_spec *spec = ot_find_spec(op, keys, k->cos >= 0 ? N_KEYS : KEY_HALF_SPLIT, plan->arch); /* QKVCache: 2 */
   if (!spec) {
     snprintf(err, err_len, "head_dim %lld (dim 3 of input %s) is not supported; this library's kernels take "
                            "head_dim up to %lld", (long long)d, op->inputs[k->past_key].name,

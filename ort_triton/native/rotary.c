@@ -5,7 +5,8 @@
  *          S' in {1, S}, W = R or R/2; sin cos's shape.
  * Output:  Y [B, N, S, D].
  * Attributes (contract order): interleaved (0 or 1), rotary_dim (R; 0: D; even, 2..D).
- * Dispatch keys: (D, both D and W multiples of 16); one spec pair per BLOCK_D, consts = (BLOCK_S, BLOCK_D).
+ * Dispatch keys: (D, both D and W multiples of 16, half_split: not interleaved and R = D); per BLOCK_D a half-split
+ * spec for D = BLOCK_D, then an aligned spec and one for any; consts = (BLOCK_S, BLOCK_D).
  * Grid: (ceil(S / BLOCK_S), N, B). */
 #include <limits.h>
 #include <stdio.h>
@@ -16,7 +17,7 @@
 
 enum { IN_X, IN_COS, IN_SIN, N_INPUTS };
 enum { N_ATTRS = 2 }; /* interleaved, rotary_dim: OT_ROTARY_* in planner_util.h */
-enum { KEY_HEAD_DIM, KEY_ALIGNED, N_KEYS };
+enum { KEY_HEAD_DIM, KEY_ALIGNED, KEY_HALF_SPLIT, N_KEYS };
 enum { CONST_BLOCK_S, CONST_BLOCK_D };
 
 static int integral(double v, double lo, double hi) { return v >= lo && v <= hi && v == (double)(int64_t)v; }
@@ -90,7 +91,7 @@ static int plan_rotary(const ot_op *op, const ot_desc *in, int n_inputs, int n_o
   }
   ot_rotary_shape sh;
   if (shape_of(op, in, attrs, bsnd, &sh, err, err_len)) return 1;
-  const int64_t keys[N_KEYS] = {sh.d, sh.d % 16 == 0 && sh.w % 16 == 0};
+  const int64_t keys[N_KEYS] = {sh.d, sh.d % 16 == 0 && sh.w % 16 == 0, !attrs[OT_ROTARY_INTERLEAVED] && sh.r == sh.d};
   const ot_spec *spec = ot_find_spec(op, keys, N_KEYS, plan->arch);
   if (!spec) {
     snprintf(err, err_len, "head_dim %lld (dim 3 of input %s) is not supported; this library's kernels take "

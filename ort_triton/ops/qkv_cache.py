@@ -50,7 +50,7 @@ KERNEL = Kernel(
 def _specs(_type_name: str) -> list[Spec]:
     """QKVRotaryCache's blocks (Rotary's per BLOCK_D, an aligned spec then one for any, the copy block fixed),
     aligned meaning D a multiple of 16 (no cos rows here)."""
-    specs = rope_specs(("QKV", "BIAS", "PK", "PV", "Q", "K", "V"), {"BLOCK_C": BLOCK_C}, (BLOCK_C,))
+    specs = rope_specs(("QKV", "BIAS", "PK", "PV", "Q", "K", "V"), {"BLOCK_C": BLOCK_C}, (BLOCK_C,), half=False)
     return [dataclasses.replace(s, divisible_by_16=tuple(a for a in s.divisible_by_16 if a not in ("cos_b", "cos_s")))
             for s in specs]
 

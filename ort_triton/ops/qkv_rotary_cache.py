@@ -56,12 +56,12 @@ KERNEL = Kernel(
                "cos_b": "i32", "cos_s": "i32", "per_pair": "i32", "interleaved": "i32", "n_new": "i32"},
     native_plan="ot_qkv_rotary_cache_plan",
     native_params="ot_qkv_rotary_cache_params",
-    dispatch_keys=("head_dim", "aligned"),
+    dispatch_keys=("head_dim", "aligned", "half_split"),
 )
 
 
 def _specs(_type_name: str) -> list[Spec]:
-    """Rotary's (per BLOCK_D, an aligned spec then one for any), the copy block fixed."""
+    """Rotary's (per BLOCK_D, the half-split spec, an aligned spec, then one for any), the copy block fixed."""
     return rope_specs(("QKV", "COS", "SIN", "PK", "PV", "Q", "K", "V"), {"BLOCK_C": BLOCK_C}, (BLOCK_C,))
 
 
@@ -161,7 +161,7 @@ NORM_KERNEL = Kernel(
                "eps": "fp32"},
     native_plan="ot_qkv_norm_rotary_cache_plan",
     native_params="ot_qkv_norm_rotary_cache_params",
-    dispatch_keys=("head_dim", "aligned"),
+    dispatch_keys=("head_dim", "aligned", "half_split"),
 )
 
 

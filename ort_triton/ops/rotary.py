@@ -23,7 +23,10 @@ operand (x * C + (-x2 | x1) * S), so a fused model on ORT CPU gives the original
 
 The kernel (ort_triton/kernels/rotary.py): one program per (s-block, head, batch) tile of BLOCK_S rows of
 BLOCK_D >= D channels, reading X once at the channels and once at their partners (the same cache lines),
-cos and sin at their channel index, math in fp32; D up to 256.
+cos and sin at their channel index, math in fp32; D up to 256. Where the pairs are half-split and R = D =
+BLOCK_D (Llama, Qwen, Gemma, Mistral: D = 64, 128 or 256), a spec of its own reads each row as its two
+halves at constant offsets instead, so its loads are vectors (session 28's SASS audit: the general
+indexing leaves 2-byte scalar loads).
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ KERNEL = Kernel(
                "R": "i32", "cos_b": "i32", "cos_s": "i32", "per_pair": "i32", "interleaved": "i32"},
     native_plan="ot_rotary_plan",
     native_params="ot_rotary_params",
-    dispatch_keys=("head_dim", "aligned"),
+    dispatch_keys=("head_dim", "aligned", "half_split"),
 )
 
 
@@ -59,18 +62,28 @@ def block_s(block_d: int) -> int:
     return TILE // block_d
 
 
-def rope_specs(pointers: tuple[str, ...], constexprs: dict | None = None, consts: tuple[int, ...] = ()) -> list[Spec]:
-    """Per BLOCK_D (head dims up to it), two specs: the first where D and the cos/sin row width W are
-    multiples of 16 (then every row of X, Y, cos and sin starts 16-byte aligned: vector loads), the
-    second for any. The planner takes the first that fits. First choices, to be swept on the GPU.
+def half_split(d: int, r: int, w: int, interleaved: int) -> int:
+    """1 where the half-split spec runs a launch (kernels/rotary.py's rope_halves): pairs (j, j + R/2), R = D and
+    D one of BLOCK_DS (then D and W = R or R/2 are multiples of 16, the aligned key). The native planners'
+    half_split key is (not interleaved and R = D); the spec's head_dim range [D, D] adds the rest."""
+    return int(not interleaved and r == d and d in BLOCK_DS and w in (r, r // 2))
+
+
+def rope_specs(pointers: tuple[str, ...], constexprs: dict | None = None, consts: tuple[int, ...] = (),
+               half: bool = True) -> list[Spec]:
+    """Per BLOCK_D (head dims up to it): with half, first the half-split spec for D = BLOCK_D (half_split), then
+    two specs: the first where D and the cos/sin row width W are multiples of 16 (then every row of X, Y, cos
+    and sin starts 16-byte aligned: vector loads), the second for any. The planner takes the first that fits.
+    Keys (head_dim, aligned[, half_split]). First choices, to be swept on the GPU.
     For every kernel built on rope_rows: pointers are its pointer arguments; constexprs and consts, its own
-    beyond (BLOCK_S, BLOCK_D)."""
+    beyond (BLOCK_S, BLOCK_D); half: the kernel has the HALF_SPLIT constexpr (QKVCache's has no rotation)."""
     specs, lo = [], 1
     for bd in BLOCK_DS:
-        for aligned in (1, 0):
-            specs.append(Spec(constexprs={"BLOCK_S": block_s(bd), "BLOCK_D": bd, **(constexprs or {})},
-                              num_warps=NUM_WARPS,
-                              keys=((lo, bd), (aligned, 1)), consts=(block_s(bd), bd, *consts),
+        for split, aligned in ((1, 1), (0, 1), (0, 0)) if half else ((0, 1), (0, 0)):
+            keys = ((bd if split else lo, bd), (aligned, 1)) + (((split, 1),) if half else ())
+            specs.append(Spec(constexprs={"BLOCK_S": block_s(bd), "BLOCK_D": bd, **(constexprs or {}),
+                                          **({"HALF_SPLIT": split} if half else {})},
+                              num_warps=NUM_WARPS, keys=keys, consts=(block_s(bd), bd, *consts),
                               divisible_by_16=pointers + (("D", "cos_b", "cos_s") if aligned else ())))
         lo = bd + 1
     return specs

@@ -36,3 +36,37 @@ def test_swiglu_steps_move_vectors(arch, tmp_path):
     assert ops.get("LDG.E.128", 0) >= 12 and ops.get("STG.E.128", 0) >= 5, ops
     # scalars only in MODE 2's last, masked block: 8 elements a thread of G and U, 8 of Y
     assert ops.get("LDG.E.U16", 0) <= 16 and ops.get("STG.E.U16", 0) <= 8, ops
+
+
+ROTARY_SCRIPT = r"""
+import json, pathlib, sys
+from ort_triton.ops.qkv_rotary_cache import QKV_NORM_ROTARY_CACHE, QKV_ROTARY_CACHE
+from ort_triton.ops.rotary import ROTARY
+from tests.ptxas_report import spec_memory_ops
+arch, out = int(sys.argv[1]), pathlib.Path(sys.argv[2])
+rows = []
+for op in (ROTARY, QKV_ROTARY_CACHE, QKV_NORM_ROTARY_CACHE):
+    for i, s in enumerate(op.specializations("float16")):
+        if s.constexprs["BLOCK_D"] in (64, 128) and s.keys[1] == (1, 1):  # Llama's and Qwen3's head dims, aligned
+            rows.append(dict(op=op.name, spec=i, half=s.constexprs["HALF_SPLIT"],
+                             ops=spec_memory_ops(op, "float16", i, s, arch, out)))
+print(json.dumps(rows))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", [90])
+def test_rotary_half_split_moves_vectors(arch, tmp_path):
+    """The rotary family's half-split specs (kernels/rotary.py rope_halves) load and store nothing narrower than 64
+    bits (4 warps, 1024 elements a program: 4 fp16 of each half a thread), where the aligned rope_rows specs load
+    the partner and cos/sin as 2-byte scalars (session 28: 24 of ~25 loads). QKVNormRotaryCache's gammas are [D]
+    vectors broadcast over the rows (one element a thread at D = 256, none narrow at 64 and 128)."""
+    rows = compile_rows(ROTARY_SCRIPT, arch, tmp_path)
+    assert {(r["op"], r["half"]) for r in rows} == {(op, h) for op in ("Rotary", "QKVRotaryCache",
+                                                                       "QKVNormRotaryCache") for h in (0, 1)}, rows
+    for r in rows:
+        narrow = {k: v for k, v in r["ops"].items() if k.endswith(("U16", ".E"))}
+        if r["half"]:
+            assert not narrow and r["ops"].get("LDG.E.64", 0) >= 6, r
+        else:  # what the half split replaces, so this test fails if rope_rows ever vectorises (then drop the split)
+            assert sum(narrow.values()) >= 16, r

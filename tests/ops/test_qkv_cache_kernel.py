@@ -139,7 +139,7 @@ def plan(lib, shapes):
 def test_plan_grid_spec_and_outputs(lib, qkv, past, aligned):
     rc, msg = plan(lib, [qkv, (qkv[2],), past, past])
     assert rc == 0, msg
-    check_plan(msg, qkv, past, aligned)
+    check_plan(msg, qkv, past, QKV_CACHE, (past[3], aligned))
 
 
 @pytest.mark.parametrize("shapes, match", [

@@ -23,8 +23,8 @@ from ort_triton.ops.qkv_rotary_cache import (
     reference_qkv_rotary_cache,
 )
 from ort_triton.ops.rms_norm import reference_rms_norm
-from ort_triton.ops.rotary import BLOCK_DS, block_s, reference_rotary
-from tests.native_hooks import load, plan_attrs
+from ort_triton.ops.rotary import BLOCK_DS, block_s, half_split, reference_rotary
+from tests.native_hooks import first_spec, load, plan_attrs
 
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
 TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}
@@ -41,6 +41,7 @@ CASES = [
     (1, 2, 3, 1, 6, 2, 4, True, 3, 1, 1),        # tiny head dim, partial, per pair, one cos row
     (2, 0, 4, 2, 32, 5, 0, False, 4, 1, 1),      # no new rows: present is the past
     (1, 3, 2, 1, 256, 17, 0, False, 4, 1, 3),    # D = 256, the largest block
+    (2, 19, 3, 1, 128, 2, 0, True, 3, 2, 19),    # per pair at D = BLOCK_D (the half-split spec's second cos half)
 ]
 
 
@@ -159,11 +160,13 @@ def plan(lib, shapes, interleaved=0, rotary_dim=0):
 def test_plan_grid_spec_and_outputs(lib, qkv, cos, past, aligned):
     rc, msg = plan(lib, [qkv, cos, cos, past, past])
     assert rc == 0, msg
-    check_plan(msg, qkv, past, aligned)
+    check_plan(msg, qkv, past, QKV_ROTARY_CACHE, (past[3], aligned, 1), cos[-1])
 
 
-def check_plan(msg: str, qkv, past, aligned) -> None:
-    """The planner's grid (tiles of new rows, then copies of the past), spec and output shapes (QKVCache's too)."""
+def check_plan(msg: str, qkv, past, contract, keys, w=None) -> None:
+    """The planner's grid (tiles of new rows, then copies of the past), spec and output shapes (QKVCache's too).
+    The spec: the one the dispatch keys select in the contract, and for the rotary ops (w: the cos width; their
+    launches here not interleaved, R = D) half-split exactly where the JIT entry's half_split says."""
     b, s, width = qkv
     nkv, p, d = past[1:]
     nq = width // d - 2 * nkv
@@ -171,7 +174,11 @@ def check_plan(msg: str, qkv, past, aligned) -> None:
     n_new = -(-s // block_s(bd)) * (nq + 2 * nkv) * b
     grid = [int(v) for v in re.search(r"grid=(\d+),(\d+),(\d+)", msg).groups()]
     assert grid == [n_new + 2 * b * nkv * -(-p * d // BLOCK_C), 1, 1], msg
-    assert int(re.search(r"spec=(\d+)", msg).group(1)) == 2 * BLOCK_DS.index(bd) + (0 if aligned else 1)
+    index = int(re.search(r"spec=(\d+)", msg).group(1))
+    assert index == first_spec(contract, keys), msg
+    if w is not None:
+        spec = contract.specializations("float16")[index]
+        assert spec.constexprs["HALF_SPLIT"] == half_split(d, d, w, 0), (spec, msg)
     flat = msg.replace(" ", "")
     for i, shape in enumerate(((b, nq, s, d), (b, nkv, p + s, d), (b, nkv, p + s, d))):
         assert f"out{i}=[{','.join(map(str, shape))}]" in flat, msg
@@ -202,7 +209,7 @@ def test_norm_plan_grid_spec_and_outputs(lib, qkv, cos, past, aligned):
     d = past[3]
     rc, msg = plan_attrs(lib, "QKVNormRotaryCache", [qkv, cos, cos, past, past, (d,), (d,)], 3, (0, 0, 1e-6))
     assert rc == 0, msg
-    check_plan(msg, qkv, past, aligned)
+    check_plan(msg, qkv, past, QKV_NORM_ROTARY_CACHE, (d, aligned, 1), cos[-1])
 
 
 @pytest.mark.parametrize("gammas, match", [

@@ -16,8 +16,8 @@ from onnx import TensorProto, helper
 
 from ort_triton.contract import DOMAIN
 from ort_triton.kernels.rotary import rotary
-from ort_triton.ops.rotary import BLOCK_DS, ROTARY, TRANSPOSE_ROTARY, block_s, reference_rotary
-from tests.native_hooks import load, plan_attrs
+from ort_triton.ops.rotary import BLOCK_DS, ROTARY, TRANSPOSE_ROTARY, block_s, half_split, reference_rotary
+from tests.native_hooks import first_spec, load, plan_attrs
 
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
 TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}
@@ -32,6 +32,7 @@ CASES = [
     (2, 1, 6, 40, 24, True, 3, 2, 6),      # partial, per pair, D not a power of two
     (1, 2, 11, 256, 0, False, 3, 1, 1),    # D = 256 (the largest block); one cos row for every position
     (2, 2, 3, 6, 4, False, 4, 1, 3),       # tiny, D % 16 != 0, partial
+    (2, 3, 21, 64, 0, True, 3, 2, 21),     # per pair at D = BLOCK_D: the half-split spec (not interleaved)
 ]
 
 
@@ -164,22 +165,31 @@ def plan(lib, shapes, interleaved=0, rotary_dim=0, op=b"Rotary"):
     return plan_attrs(lib, op.decode(), shapes, 1, (interleaved, rotary_dim))
 
 
-@pytest.mark.parametrize("x, cos, r, aligned", [
-    ((2, 4, 13, 64), (1, 1, 13, 64), 0, 1),
-    ((2, 4, 13, 64), (2, 13, 32), 0, 1),       # per pair: W = 32
-    ((1, 32, 2048, 128), (1, 2048, 64), 0, 1),
-    ((2, 4, 1, 80), (2, 1, 1, 40), 0, 0),      # W = 40: not a multiple of 16
-    ((2, 4, 7, 32), (2, 1, 7, 16), 16, 1),     # partial, per channel
-    ((2, 4, 7, 256), (1, 1, 1, 256), 0, 1),
-    ((1, 1, 3, 6), (1, 3, 4), 4, 0),
+@pytest.mark.parametrize("x, cos, r, interleaved, aligned", [
+    ((2, 4, 13, 64), (1, 1, 13, 64), 0, 0, 1),     # half-split spec
+    ((2, 4, 13, 64), (1, 1, 13, 64), 0, 1, 1),     # interleaved: the aligned spec
+    ((2, 4, 13, 64), (2, 13, 32), 0, 0, 1),        # per pair: W = 32
+    ((1, 32, 2048, 128), (1, 2048, 64), 0, 0, 1),
+    ((2, 4, 1, 80), (2, 1, 1, 40), 0, 0, 0),       # W = 40: not a multiple of 16
+    ((2, 4, 1, 48), (2, 1, 1, 48), 0, 0, 1),       # D = 48 < BLOCK_D: the aligned spec
+    ((2, 4, 7, 32), (2, 1, 7, 16), 16, 0, 1),      # partial, per channel
+    ((2, 4, 7, 256), (1, 1, 1, 256), 0, 0, 1),
+    ((1, 1, 3, 6), (1, 3, 4), 4, 0, 0),
 ])
-def test_plan_grid_and_spec(lib, x, cos, r, aligned):
-    rc, msg = plan(lib, [x, cos, cos], rotary_dim=r)
+def test_plan_grid_and_spec(lib, x, cos, r, interleaved, aligned):
+    """The grid, and the spec the planner picks: the one the keys (D, aligned, half_split) select in the contract,
+    half-split exactly where the JIT entry's half_split says (the two choose alike)."""
+    rc, msg = plan(lib, [x, cos, cos], interleaved=interleaved, rotary_dim=r)
     assert rc == 0, msg
     grid = [int(v) for v in re.search(r"grid=(\d+),(\d+),(\d+)", msg).groups()]
     bd = next(b for b in BLOCK_DS if x[3] <= b)
     assert grid == [-(-x[2] // block_s(bd)), x[1], x[0]]
-    assert int(re.search(r"spec=(\d+)", msg).group(1)) == 2 * BLOCK_DS.index(bd) + (0 if aligned else 1)
+    d, rd = x[3], r or x[3]
+    index = int(re.search(r"spec=(\d+)", msg).group(1))
+    assert index == first_spec(ROTARY, (d, aligned, int(not interleaved and rd == d))), msg
+    spec = ROTARY.specializations("float16")[index]
+    assert spec.constexprs["HALF_SPLIT"] == half_split(d, rd, cos[-1], interleaved), (spec, msg)
+    assert spec.keys[1] == ((1, 1) if aligned else (0, 1)), spec
 
 
 @pytest.mark.parametrize("x, cos", [((2, 13, 4, 64), (1, 1, 13, 64)), ((3, 1, 32, 128), (3, 1, 1, 128))])
@@ -252,9 +262,9 @@ def kernel_stacks(op_name, arch, tmp_path):
 
 
 @pytest.mark.parametrize("arch", [80, 90])
-@pytest.mark.parametrize("op_name, n_specs", [("Rotary", 2 * len(BLOCK_DS)), ("TransposeRotary", 2 * len(BLOCK_DS)),
-                                              ("QKVRotaryCache", 2 * len(BLOCK_DS)),
-                                              ("QKVNormRotaryCache", 2 * len(BLOCK_DS)), ("SiluMul", 2)])
+@pytest.mark.parametrize("op_name, n_specs", [("Rotary", 3 * len(BLOCK_DS)), ("TransposeRotary", 3 * len(BLOCK_DS)),
+                                              ("QKVRotaryCache", 3 * len(BLOCK_DS)),
+                                              ("QKVNormRotaryCache", 3 * len(BLOCK_DS)), ("SiluMul", 2)])
 def test_no_spills(op_name, n_specs, arch, tmp_path):
     """Every spec of Rotary, TransposeRotary, QKVRotaryCache, QKVNormRotaryCache and SiluMul
     (tests/ops/test_swiglu_kernel.py and test_qkv_rotary_cache_kernel.py defer to this one), all types."""
