@@ -129,10 +129,11 @@ def _check(name, qkv, past_key, past_value):
     return nq, nkv, d, batch, seq, past
 
 
-def _grid(nq, nkv, d, batch, seq, past):
-    """(BLOCK_S, BLOCK_D, n_new, programs) as the planner computes them (the specs' blocks by D)."""
+def _grid(nq, nkv, d, batch, seq, past, half=0):
+    """(BLOCK_S, BLOCK_D, n_new, programs) as the planner computes them (the specs' blocks by D; half: the
+    half-split spec's)."""
     bd = next(b for b in BLOCK_DS if d <= b)
-    bs = block_s(bd)
+    bs = block_s(bd, half)
     n_new = triton.cdiv(seq, bs) * (nq + 2 * nkv) * batch
     return bs, bd, n_new, n_new + 2 * batch * nkv * triton.cdiv(past * d, BLOCK_C)
 
@@ -151,10 +152,10 @@ def qkv_rotary_cache(qkv, cos, sin, past_key, past_value, interleaved=0, rotary_
     cos, sin, r, w, cos_b, cos_s = rope_args("qkv_rotary_cache", cos, sin, qkv.dtype, batch, seq, d, rotary_dim)
     qkv, past_key, past_value = qkv.contiguous(), past_key.contiguous(), past_value.contiguous()
     q, k, v = _outputs(qkv, out, nq, nkv, d, batch, seq, past)
-    bs, bd, n_new, grid = _grid(nq, nkv, d, batch, seq, past)
+    half = half_split(d, r, w, interleaved)
+    bs, bd, n_new, grid = _grid(nq, nkv, d, batch, seq, past, half)
     scalars = (nq, nkv, seq, past, d, r, cos_b, cos_s, int(w != r), int(bool(interleaved)), n_new)
-    blocks = dict(BLOCK_S=bs, BLOCK_D=bd, BLOCK_C=BLOCK_C, HALF_SPLIT=half_split(d, r, w, interleaved),
-                  num_warps=NUM_WARPS)
+    blocks = dict(BLOCK_S=bs, BLOCK_D=bd, BLOCK_C=BLOCK_C, HALF_SPLIT=half, num_warps=NUM_WARPS)
     if (q_gamma is None) != (k_gamma is None):
         raise ValueError("qkv_rotary_cache: give both q_gamma and k_gamma, or neither")
     if q_gamma is not None:

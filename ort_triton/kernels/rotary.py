@@ -148,10 +148,10 @@ def rotary(x, cos, sin, interleaved=0, rotary_dim=0, *, out=None, x_bsnd=False):
     x = x.contiguous()
     y = out if out is not None else x.new_empty(batch, heads, seq, d)
     bd = next(b for b in BLOCK_DS if d <= b)
-    bs = block_s(bd)
+    half = half_split(d, r, w, interleaved)
+    bs = block_s(bd, half)
     if x.numel():
         rotary_fwd[(triton.cdiv(seq, bs), heads, batch)](
             x, cos, sin, y, heads, seq, d, r, cos_b, cos_s, int(w != r), int(bool(interleaved)),
-            BLOCK_S=bs, BLOCK_D=bd, X_BSND=bool(x_bsnd), HALF_SPLIT=half_split(d, r, w, interleaved),
-            num_warps=NUM_WARPS)
+            BLOCK_S=bs, BLOCK_D=bd, X_BSND=bool(x_bsnd), HALF_SPLIT=half, num_warps=NUM_WARPS)
     return y

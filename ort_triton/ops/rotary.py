@@ -45,6 +45,9 @@ BLOCK_DS = (32, 64, 128, 256)
 # fp16 aligned specs on sm_80/sm_90 at 4 warps (ptxas capped them at 80 registers); at 1024 none spills, and
 # a decode step (S = 1) leaves fewer rows of a tile idle. A first choice, to be swept on the GPU.
 TILE = 1024
+# The half-split specs' (rope_halves) tile: at 1024 a thread holds 4 fp16 of each half (64-bit loads), at 2048 8
+# (128-bit). scripts/rotary_micro.py times both.
+HALF_TILE = 1024
 NUM_WARPS = 4
 
 KERNEL = Kernel(
@@ -58,8 +61,9 @@ KERNEL = Kernel(
 )
 
 
-def block_s(block_d: int) -> int:
-    return TILE // block_d
+def block_s(block_d: int, half: int = 0) -> int:
+    """BLOCK_S, the rows a program: of the half-split spec where half is set."""
+    return (HALF_TILE if half else TILE) // block_d
 
 
 def half_split(d: int, r: int, w: int, interleaved: int) -> int:
@@ -81,9 +85,9 @@ def rope_specs(pointers: tuple[str, ...], constexprs: dict | None = None, consts
     for bd in BLOCK_DS:
         for split, aligned in ((1, 1), (0, 1), (0, 0)) if half else ((0, 1), (0, 0)):
             keys = ((bd if split else lo, bd), (aligned, 1)) + (((split, 1),) if half else ())
-            specs.append(Spec(constexprs={"BLOCK_S": block_s(bd), "BLOCK_D": bd, **(constexprs or {}),
+            specs.append(Spec(constexprs={"BLOCK_S": block_s(bd, split), "BLOCK_D": bd, **(constexprs or {}),
                                           **({"HALF_SPLIT": split} if half else {})},
-                              num_warps=NUM_WARPS, keys=keys, consts=(block_s(bd), bd, *consts),
+                              num_warps=NUM_WARPS, keys=keys, consts=(block_s(bd, split), bd, *consts),
                               divisible_by_16=pointers + (("D", "cos_b", "cos_s") if aligned else ())))
         lo = bd + 1
     return specs

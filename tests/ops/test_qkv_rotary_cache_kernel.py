@@ -171,14 +171,15 @@ def check_plan(msg: str, qkv, past, contract, keys, w=None) -> None:
     nkv, p, d = past[1:]
     nq = width // d - 2 * nkv
     bd = next(x for x in BLOCK_DS if d <= x)
-    n_new = -(-s // block_s(bd)) * (nq + 2 * nkv) * b
+    half = 0 if w is None else half_split(d, d, w, 0)
+    n_new = -(-s // block_s(bd, half)) * (nq + 2 * nkv) * b
     grid = [int(v) for v in re.search(r"grid=(\d+),(\d+),(\d+)", msg).groups()]
     assert grid == [n_new + 2 * b * nkv * -(-p * d // BLOCK_C), 1, 1], msg
     index = int(re.search(r"spec=(\d+)", msg).group(1))
     assert index == first_spec(contract, keys), msg
     if w is not None:
         spec = contract.specializations("float16")[index]
-        assert spec.constexprs["HALF_SPLIT"] == half_split(d, d, w, 0), (spec, msg)
+        assert spec.constexprs["HALF_SPLIT"] == half and spec.consts[0] == block_s(bd, half), (spec, msg)
     flat = msg.replace(" ", "")
     for i, shape in enumerate(((b, nq, s, d), (b, nkv, p + s, d), (b, nkv, p + s, d))):
         assert f"out{i}=[{','.join(map(str, shape))}]" in flat, msg

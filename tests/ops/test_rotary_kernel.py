@@ -183,12 +183,13 @@ def test_plan_grid_and_spec(lib, x, cos, r, interleaved, aligned):
     assert rc == 0, msg
     grid = [int(v) for v in re.search(r"grid=(\d+),(\d+),(\d+)", msg).groups()]
     bd = next(b for b in BLOCK_DS if x[3] <= b)
-    assert grid == [-(-x[2] // block_s(bd)), x[1], x[0]]
     d, rd = x[3], r or x[3]
+    half = half_split(d, rd, cos[-1], interleaved)
+    assert grid == [-(-x[2] // block_s(bd, half)), x[1], x[0]]
     index = int(re.search(r"spec=(\d+)", msg).group(1))
     assert index == first_spec(ROTARY, (d, aligned, int(not interleaved and rd == d))), msg
     spec = ROTARY.specializations("float16")[index]
-    assert spec.constexprs["HALF_SPLIT"] == half_split(d, rd, cos[-1], interleaved), (spec, msg)
+    assert spec.constexprs["HALF_SPLIT"] == half and spec.consts[0] == block_s(bd, half), (spec, msg)
     assert spec.keys[1] == ((1, 1) if aligned else (0, 1)), spec
 
 
@@ -199,7 +200,7 @@ def test_transpose_rotary_plan_reads_bsnd(lib, x, cos):
     assert rc == 0, msg
     grid = [int(v) for v in re.search(r"grid=(\d+),(\d+),(\d+)", msg).groups()]
     bd = next(b for b in BLOCK_DS if x[3] <= b)
-    assert grid == [-(-x[1] // block_s(bd)), x[2], x[0]], msg
+    assert grid == [-(-x[1] // block_s(bd, half_split(x[3], x[3], cos[-1], 0))), x[2], x[0]], msg
     assert f"out0=[{x[0]},{x[2]},{x[1]},{x[3]}]" in msg.replace(" ", ""), msg
     rc, msg = plan(lib, [x[:3], cos, cos], op=b"TransposeRotary")
     assert rc != 0 and "[B, S, num_heads, head_dim]" in msg and msg.startswith("ort_triton TransposeRotary"), msg
