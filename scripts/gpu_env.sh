@@ -31,8 +31,9 @@ ln_libraries() {
   for cand in "${cands[@]}"; do
     name=${cand%%=*}
     [ -f "${cand#*=}/ort_triton/__init__.py" ] || { echo "LN_SOURCES: no ${cand#*=}/ort_triton" >&2; return 1; }
-    PYTHONPATH=$(realpath "${cand#*=}"):$PYTHONPATH python3 -m ort_triton build --arch 90 -o "build/ln_$name" -q ||
-      return 1
+    # from inside DIR: `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH (until session
+    # 29 this built this tree's package under DIR's name)
+    (cd "${cand#*=}" && python3 -m ort_triton build --arch 90 -o "$OLDPWD/build/ln_$name" -q) || return 1
     LN_LIBS+=(--library "$name=$PWD/build/ln_$name/libort_triton.so")
   done
 }

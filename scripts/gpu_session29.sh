@@ -23,9 +23,11 @@ for step in ${STEPS:-rotary_tests rotary_ab}; do
   rotary_ab)
     old=${OLD_SRC:-.old_src}
     [ -f "$old/ort_triton/__init__.py" ] || { echo "rotary_ab: no $old/ort_triton" >&2; continue; }
-    PYTHONPATH=$(realpath "$old"):$PYTHONPATH python3 -m ort_triton build --arch 90 -o build/old_lib -q || continue
+    # from inside $old: `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH
+    (cd "$old" && python3 -m ort_triton build --arch 90 -o "$OLDPWD/build/old_lib" -q) || continue
+    new_lib=$ORT_TRITON_LIBRARY  # (a prefix assignment sees the ones before it: name this tree's library first)
     for model in ${MODELS:-llama-1b qwen3-0.6b}; do
-      ORT_TRITON_LIBRARY=$PWD/build/old_lib/libort_triton.so ORT_TRITON_TUNED_LIBRARY=$ORT_TRITON_LIBRARY \
+      ORT_TRITON_LIBRARY=$PWD/build/old_lib/libort_triton.so ORT_TRITON_TUNED_LIBRARY=$new_lib \
         timeout "${AB_TIMEOUT:-240}" python3 -m ort_triton.bench.ab --decoder "$model" --a ort_triton_cuda_graph \
         --b ort_triton_tuned_cuda_graph --prefill "${PREFILL-1x512,8x512}" --decode "${DECODE-1x1024}" \
         --rounds "${ROUNDS:-3}" --iters "${ITERS:-20}" --work build/decoder_work --json "$OUT/ab_rotary_$model.json" \

@@ -46,8 +46,10 @@ BLOCK_DS = (32, 64, 128, 256)
 # a decode step (S = 1) leaves fewer rows of a tile idle. A first choice, to be swept on the GPU.
 TILE = 1024
 # The half-split specs' (rope_halves) tile: at 1024 a thread holds 4 fp16 of each half (64-bit loads), at 2048 8
-# (128-bit). scripts/rotary_micro.py times both.
-HALF_TILE = 1024
+# (128-bit). Session 29, scripts/rotary_micro.py on an H100 (QKVRotaryCache / QKVNormRotaryCache as the specs
+# compile): 2048 was 2-16% faster than 1024 at prefill (Llama-1B and Qwen3-0.6B shapes, 512 and 4096 rows), and
+# within 2% at decode; 4096 no better.
+HALF_TILE = 2048
 NUM_WARPS = 4
 
 KERNEL = Kernel(
