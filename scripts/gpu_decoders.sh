@@ -21,7 +21,8 @@
 #   attn           decode attention's split GPU tests, then the sweep (scripts/decode_attention_sweep.py) of the
 #                  merge variants at Llama-1B's and GPT-2's heads beside torch sdpa;
 #   lib_ab         the library built from OLD_SRC against this tree's, same fused model (bench.ab, CUDA graphs),
-#                  AB_MODEL (gpt2-small) at AB_PREFILL ('') and AB_DECODE (1x1024,1x4096,16x4096);
+#                  AB_MODEL (gpt2-small) at AB_PREFILL ('') and AB_DECODE (1x1024,1x4096,16x4096), ROUNDS (3)
+#                  rounds, rows in $OUT/AB_JSON.json (ab_lib);
 #   summary        ort_triton against the best ORT and the best PyTorch runtime per shape, from every
 #                  decoder_*.json under $OUT (bench.decoder_summary).
 # PREFILL / DECODE override the shapes (default: issue 5's, bench.decoder's defaults); GPT2_RUNTIMES the gpt2 step's
@@ -75,12 +76,12 @@ torch_eager decoder_llama-1b "${LLAMA_TIMEOUT:-480}" ;;
     done ;;
   lib_ab)  # GPT-2 small's decode with the library built from OLD_SRC (a copy of the repo, e.g. `git archive REV |
     # tar -x -C DIR`) as A against this tree's as B, same fused model, alternating rounds
-    [ -f "${OLD_SRC:-}/ort_triton/__init__.py" ] || { echo "lib_ab: OLD_SRC has no ort_triton/" >&2; continue; }
-    (cd "$OLD_SRC" && python3 -m ort_triton build --arch 90 -o "$PWD/build/old" -q) | tail -1
-    ORT_TRITON_TUNED_LIBRARY=$(realpath "$OLD_SRC")/build/old/libort_triton.so timeout "${AB_TIMEOUT:-300}" \
+    build_tree "${OLD_SRC:-}" build/old_lib || continue
+    ORT_TRITON_TUNED_LIBRARY=$PWD/build/old_lib/libort_triton.so timeout "${AB_TIMEOUT:-300}" \
       python3 -m ort_triton.bench.ab --decoder "${AB_MODEL:-gpt2-small}" --a ort_triton_tuned_cuda_graph \
-      --b ort_triton_cuda_graph --prefill "${AB_PREFILL:-}" --decode "${AB_DECODE:-1x1024,1x4096,16x4096}" --rounds 3 --iters 20 \
-      --warmup 5 --work build/decoder_work --json "$OUT/ab_lib.json" 2>&1 | filter | tee "$OUT/ab_lib.txt" | tail -6 ;;
+      --b ort_triton_cuda_graph --prefill "${AB_PREFILL:-}" --decode "${AB_DECODE:-1x1024,1x4096,16x4096}" \
+      --rounds "${ROUNDS:-3}" --iters 20 --warmup 5 --work build/decoder_work --json "$OUT/${AB_JSON:-ab_lib}.json" 2>&1 |
+      filter | tee "$OUT/${AB_JSON:-ab_lib}.txt" | tail -6 ;;
   summary)
     python3 -m ort_triton.bench.decoder_summary "$OUT"/decoder_*.json --markdown "$OUT/summary.md" ;;
   esac

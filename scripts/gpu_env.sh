@@ -13,6 +13,15 @@ python3 -m ort_triton build --arch 90 -o build/lib 2>&1 | tail -1
 export ORT_TRITON_LIBRARY=$PWD/build/lib/libort_triton.so
 filter() { grep --line-buffered -v -E "Warning|warn\(|torchvision|^\s+(return|rename_mapping)|broadcast between"; }
 
+# build_tree DIR OUT: the library of DIR's ort_triton package (another tree, e.g. `git archive REV ort_triton | tar -x
+# -C DIR`) built for sm_90 into OUT (relative to the repo root). From inside DIR: `python -m` puts the working
+# directory first on sys.path, ahead of PYTHONPATH (until session 29 LN_SOURCES built this tree's package so).
+build_tree() {
+  [ -f "$1/ort_triton/__init__.py" ] || { echo "build_tree: no $1/ort_triton" >&2; return 1; }
+  local out=$PWD/$2
+  (cd "$1" && python3 -m ort_triton build --arch 90 -o "$out" -q)
+}
+
 # LN_CANDIDATES="a={json};b={json}": one more library per candidate launch table (ops/layer_norm.py,
 # ORT_TRITON_LAYER_NORM_LAUNCH), built into build/ln_NAME; LN_SOURCES="a=DIR;b=DIR": one more library per
 # kernel variant, built from another copy of the package (DIR/ort_triton, e.g. `git archive REV ort_triton |
@@ -30,10 +39,7 @@ ln_libraries() {
   IFS=';' read -ra cands <<< "${LN_SOURCES:-}"
   for cand in "${cands[@]}"; do
     name=${cand%%=*}
-    [ -f "${cand#*=}/ort_triton/__init__.py" ] || { echo "LN_SOURCES: no ${cand#*=}/ort_triton" >&2; return 1; }
-    # from inside DIR: `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH (until session
-    # 29 this built this tree's package under DIR's name)
-    (cd "${cand#*=}" && python3 -m ort_triton build --arch 90 -o "$OLDPWD/build/ln_$name" -q) || return 1
+    build_tree "${cand#*=}" "build/ln_$name" || return 1
     LN_LIBS+=(--library "$name=$PWD/build/ln_$name/libort_triton.so")
   done
 }

@@ -4,8 +4,8 @@
 #   rotary_tests  Rotary, TransposeRotary, QKVRotaryCache, QKVNormRotaryCache and QKVCache natively on CUDA and
 #           through ORT's CUDA EP, after the half-split specs (kernels/rotary.py rope_halves) and the selected
 #           (not branched) output rows of qkv_heads_cache. Log: $OUT/rotary_tests.log.
-#   rotary_ab  The library before those kernel changes (A: ort_triton_cuda_graph on OLD_SRC's library) against
-#           this tree's (B: the same runtime on the tuned-library slot, $ORT_TRITON_TUNED_LIBRARY), in one process,
+#   rotary_ab  The library before those kernel changes (A: OLD_SRC's, on the tuned-library slot) against this
+#           tree's (B), both ort_triton with CUDA graphs in one process (gpu_decoders.sh's lib_ab),
 #           alternating rounds: Llama-1B (QKVRotaryCache) and Qwen3-0.6B (QKVNormRotaryCache) at prefill 1x512 and
 #           8x512 and decode 1x1024. OLD_SRC (default .old_src): a directory holding the old ort_triton package,
 #           e.g. `mkdir -p .old_src && git archive 202af8a ort_triton | tar -x -C .old_src`, which travels to the
@@ -20,18 +20,10 @@ for step in ${STEPS:-rotary_tests rotary_ab}; do
   rotary_tests)
     TEST_LOG=rotary_tests TEST_TIMEOUT=${TEST_TIMEOUT:-150} PYTEST_PATHS="tests/ops/test_rotary_kernel.py
       tests/ops/test_qkv_rotary_cache_kernel.py tests/ops/test_qkv_cache_kernel.py" gpu_tests ;;
-  rotary_ab)
-    old=${OLD_SRC:-.old_src}
-    [ -f "$old/ort_triton/__init__.py" ] || { echo "rotary_ab: no $old/ort_triton" >&2; continue; }
-    # from inside $old: `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH
-    (cd "$old" && python3 -m ort_triton build --arch 90 -o "$OLDPWD/build/old_lib" -q) || continue
-    new_lib=$ORT_TRITON_LIBRARY  # (a prefix assignment sees the ones before it: name this tree's library first)
+  rotary_ab)  # gpu_decoders.sh's lib_ab (A: OLD_SRC's library on the tuned-library slot, B: this tree's), per model
     for model in ${MODELS:-llama-1b qwen3-0.6b}; do
-      ORT_TRITON_LIBRARY=$PWD/build/old_lib/libort_triton.so ORT_TRITON_TUNED_LIBRARY=$new_lib \
-        timeout "${AB_TIMEOUT:-240}" python3 -m ort_triton.bench.ab --decoder "$model" --a ort_triton_cuda_graph \
-        --b ort_triton_tuned_cuda_graph --prefill "${PREFILL-1x512,8x512}" --decode "${DECODE-1x1024}" \
-        --rounds "${ROUNDS:-3}" --iters "${ITERS:-20}" --work build/decoder_work --json "$OUT/ab_rotary_$model.json" \
-        2>&1 | filter | tail -8
+      OLD_SRC=${OLD_SRC:-.old_src} AB_MODEL=$model AB_PREFILL=${PREFILL-1x512,8x512} AB_DECODE=${DECODE-1x1024} \
+        AB_TIMEOUT=${AB_TIMEOUT:-240} AB_JSON=ab_rotary_$model STEPS=lib_ab bash "$(dirname "$0")/gpu_decoders.sh"
     done ;;
   rotary_micro)
     timeout "${MICRO_TIMEOUT:-150}" python3 scripts/rotary_micro.py --ceiling-gbs "${CEILING_GBS:-3000}" \

@@ -8,7 +8,7 @@ import triton.language as tl
 
 from ..ops.qkv_rotary_cache import BLOCK_C, heads
 from ..ops.rotary import BLOCK_DS, NUM_WARPS, block_s, half_split
-from .rotary import rope_args, rope_halves, rope_rows, store_halves
+from .rotary import rope_args, rope_store
 
 
 @triton.jit
@@ -51,15 +51,8 @@ def qkv_heads_cache(QKV, BIAS, COS, SIN, PK, PV, QG, KG, Q, K, V, NQ, NKV, S, P,
             gamma = QG  # unread without NORM: the default kernel compiles as before
             if NORM:
                 gamma = QG if h < NQ else KG
-            c_rows = b * cos_b + rows64 * cos_s
-            if HALF_SPLIT:  # the planner's half_split key: not interleaved, R = D = BLOCK_D
-                y1, y2, rows_ok = rope_halves(x_rows, COS, SIN, c_rows, rows < S, per_pair, h < NQ + NKV, gamma, eps,
-                                              h < NQ + NKV, BLOCK_D, NORM)
-                store_halves(y_rows, y1, y2, rows_ok, BLOCK_D)
-            else:
-                y, mask = rope_rows(x_rows, COS, SIN, c_rows, rows < S, D, R, per_pair, interleaved, h < NQ + NKV,
-                                    gamma, eps, h < NQ + NKV, BLOCK_D, NORM)
-                tl.store(y_rows[:, None] + tl.arange(0, BLOCK_D)[None, :], y.to(Q.dtype.element_ty), mask=mask)
+            rope_store(x_rows, y_rows, COS, SIN, b * cos_b + rows64 * cos_s, rows < S, D, R, per_pair, interleaved,
+                       h < NQ + NKV, gamma, eps, h < NQ + NKV, BLOCK_D, NORM, HALF_SPLIT)
         else:
             cols = tl.arange(0, BLOCK_D)
             mask = (rows < S)[:, None] & (cols < D)[None, :]

@@ -81,11 +81,20 @@ def rope_halves(x_rows, COS, SIN, c_rows, row_ok, per_pair, rotate, G, eps, norm
 
 
 @triton.jit
-def store_halves(y_rows, y1, y2, ok, BLOCK_D: tl.constexpr):
-    """Store rope_halves' result at y_rows [BLOCK_S] (each row's channel 0), in y_rows' element type."""
-    cols = tl.arange(0, BLOCK_D // 2)[None, :]
-    tl.store(y_rows[:, None] + cols, y1.to(y_rows.dtype.element_ty), mask=ok)
-    tl.store(y_rows[:, None] + BLOCK_D // 2 + cols, y2.to(y_rows.dtype.element_ty), mask=ok)
+def rope_store(x_rows, y_rows, COS, SIN, c_rows, row_ok, D, R, per_pair, interleaved, rotate, G, eps, normalize,
+               BLOCK_D: tl.constexpr, NORM: tl.constexpr, HALF_SPLIT: tl.constexpr):
+    """The rows rotated (rope_halves where HALF_SPLIT, the spec keyed half_split: not interleaved, R = D = BLOCK_D;
+    rope_rows otherwise) and stored at y_rows [BLOCK_S] (each row's channel 0) in y_rows' element type."""
+    T = y_rows.dtype.element_ty
+    if HALF_SPLIT:
+        y1, y2, ok = rope_halves(x_rows, COS, SIN, c_rows, row_ok, per_pair, rotate, G, eps, normalize, BLOCK_D, NORM)
+        cols = tl.arange(0, BLOCK_D // 2)[None, :]
+        tl.store(y_rows[:, None] + cols, y1.to(T), mask=ok)
+        tl.store(y_rows[:, None] + BLOCK_D // 2 + cols, y2.to(T), mask=ok)
+    else:
+        y, mask = rope_rows(x_rows, COS, SIN, c_rows, row_ok, D, R, per_pair, interleaved, rotate, G, eps, normalize,
+                            BLOCK_D, NORM)
+        tl.store(y_rows[:, None] + tl.arange(0, BLOCK_D)[None, :], y.to(T), mask=mask)
 
 
 @triton.jit
@@ -102,15 +111,8 @@ def rotary_fwd(X, COS, SIN, Y, N, S, D, R, cos_b, cos_s, per_pair, interleaved,
         x_rows = X + ((b * S + rows.to(tl.int64)) * N + n) * D
     else:
         x_rows = X + ((b * N + n) * S + rows.to(tl.int64)) * D
-    c_rows = b * cos_b + rows.to(tl.int64) * cos_s
-    y_rows = Y + ((b * N + n) * S + rows.to(tl.int64)) * D
-    if HALF_SPLIT:  # the planner's half_split key: not interleaved, R = D = BLOCK_D
-        y1, y2, ok = rope_halves(x_rows, COS, SIN, c_rows, rows < S, per_pair, 1, X, 0.0, 0, BLOCK_D, False)
-        store_halves(y_rows, y1, y2, ok, BLOCK_D)
-    else:
-        y, mask = rope_rows(x_rows, COS, SIN, c_rows, rows < S, D, R, per_pair, interleaved, 1, X, 0.0, 0, BLOCK_D,
-                            False)
-        tl.store(y_rows[:, None] + tl.arange(0, BLOCK_D)[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    rope_store(x_rows, Y + ((b * N + n) * S + rows.to(tl.int64)) * D, COS, SIN, b * cos_b + rows.to(tl.int64) * cos_s,
+               rows < S, D, R, per_pair, interleaved, 1, X, 0.0, 0, BLOCK_D, False, HALF_SPLIT)
 
 
 def rope_args(name, cos, sin, dtype, batch, seq, d, rotary_dim):
