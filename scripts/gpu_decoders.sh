@@ -79,7 +79,7 @@ torch_eager decoder_llama-1b "${LLAMA_TIMEOUT:-480}" ;;
     build_tree "${OLD_SRC:-}" build/old_lib || continue
     ORT_TRITON_TUNED_LIBRARY=$PWD/build/old_lib/libort_triton.so timeout "${AB_TIMEOUT:-300}" \
       python3 -m ort_triton.bench.ab --decoder "${AB_MODEL:-gpt2-small}" --a ort_triton_tuned_cuda_graph \
-      --b ort_triton_cuda_graph --prefill "${AB_PREFILL:-}" --decode "${AB_DECODE:-1x1024,1x4096,16x4096}" \
+      --b ort_triton_cuda_graph --prefill "${AB_PREFILL:-}" --decode "${AB_DECODE-1x1024,1x4096,16x4096}" \
       --rounds "${ROUNDS:-3}" --iters 20 --warmup 5 --work build/decoder_work --json "$OUT/${AB_JSON:-ab_lib}.json" 2>&1 |
       filter | tee "$OUT/${AB_JSON:-ab_lib}.txt" | tail -6 ;;
   summary)

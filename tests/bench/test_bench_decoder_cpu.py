@@ -153,3 +153,18 @@ def test_a_per_shape_model_references_the_weights_file(tmp_path):
     plain = decoder.ALL["ort_stock"]()
     plain.start(m)
     np.testing.assert_allclose(logits, plain.runner(m, feeds).logits(), rtol=1e-5, atol=1e-5)
+
+
+def test_decode_counts_the_cache_copy_apart():
+    """A decode row's least bytes (weights, the cache the attention reads, the new rows) and, apart, the Concat
+    cache's copy of the past into present: Llama-1B's shape at 16 x 1024 in fp16 by hand."""
+    from types import SimpleNamespace
+
+    m = SimpleNamespace(dtype="float16", layers=16, kv_heads=8, head_dim=64, step_weight_elems=1_000_000,
+                        config=SimpleNamespace(hidden_size=2048))
+    r = decoder._counts(m, "decode", 16, 1024, ms=2.0)
+    cache = 2 * 16 * 16 * 8 * 1024 * 64 * 2  # K and V, every layer, 2 bytes an element: 1.07 GB
+    least = 1_000_000 * 2 + cache + 16 * 2048 * 2
+    assert r["bytes_min"] == least and r["bytes_cache_copy"] == 2 * cache
+    assert r["ceiling_fraction"] == pytest.approx(least / 2e-3 / 4080e9)
+    assert r["ceiling_fraction_with_copy"] == pytest.approx((least + 2 * cache) / 2e-3 / 4080e9)
