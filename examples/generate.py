@@ -13,7 +13,10 @@ step's present fed back as the next step's past.
 
 On CUDA the loop uses IO binding: every cache tensor has two device buffers of the final length; a step
 reads its past from one and writes its present into the other (no allocation, no copy to the host but the
-logits). On CPU it calls session.run (`--io-binding` runs the CUDA loop's code on CPU buffers instead).
+logits). With `--kv-cache seq-major` the rewritten model's cache is laid out [T, B, Nkv, D] (graph_rewrites/
+kv_layout.py) and each cache tensor has one buffer: past and present are bound to it, past as its first P rows and
+present as its first P + S, so a step writes only its new rows and copies nothing. On CPU it calls session.run
+(`--io-binding`, or `--kv-cache seq-major`, runs the CUDA loop's code on CPU buffers instead).
 Prints the tokens of each runtime and whether they are identical; exits 1 when stock ORT and ort_triton
 disagree. With torch's fp32 tokens (without --no-torch) and the IO-binding loop, each ORT runtime is also held
 against fp32: how long its greedy tokens stay fp32's, and how often, fed fp32's tokens, it predicts fp32's next one.
@@ -37,25 +40,28 @@ from ort_triton import decoders
 
 def greedy_io_binding(session, config, input_ids: np.ndarray, steps: int, attention_mask=None,
                       device: str = "cuda", device_id: int = 0, forced: np.ndarray | None = None,
-                      record: list | None = None) -> np.ndarray:
+                      record: list | None = None, seq_major: bool = False) -> np.ndarray:
     """`decoders.greedy` with preallocated cache buffers bound through IO binding (see the module doc).
     forced [B, steps]: feed these tokens instead of the argmax (teacher forcing); record: gets each step's
-    last-position logits (float32 [B, vocab])."""
+    last-position logits (float32 [B, vocab]); seq_major: the model's cache is [T, B, Nkv, D], one buffer a tensor
+    that each present is bound over its past in."""
     layers, kv, head_dim = decoders.cache_spec(config)
     past_names, present_names = decoders.input_names(config)[2:], decoders.output_names(config)[1:]
     ort_type = next(i.type for i in session.get_inputs() if i.name == past_names[0])
     dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16}[ort_type]
     batch, prompt = input_ids.shape
     capacity = batch * kv * (prompt + steps) * head_dim  # elements of the longest present
-    # two ping-pong buffers per cache tensor: [B, kv, P, D] contiguous is a prefix of the buffer for every P
-    buffers = [[ort.OrtValue.ortvalue_from_shape_and_type([capacity], dtype, device, device_id) for _ in range(2)]
-               for _ in past_names]
+    # heads first, two ping-pong buffers per cache tensor: [B, kv, P, D] contiguous is a prefix of the buffer for
+    # every P; sequence first, one: [P, B, kv, D] is the first P rows of [P + S, B, kv, D], so present holds past
+    buffers = [[ort.OrtValue.ortvalue_from_shape_and_type([capacity], dtype, device, device_id)
+                for _ in range(1 if seq_major else 2)] for _ in past_names]
+    shape = (lambda t: [t, batch, kv, head_dim]) if seq_major else (lambda t: [batch, kv, t, head_dim])
     ids = np.ascontiguousarray(input_ids, dtype=np.int64)
     mask = np.ones_like(ids) if attention_mask is None else np.ascontiguousarray(attention_mask, dtype=np.int64)
     binding = session.io_binding()
     past, tokens = 0, []
     for step in range(steps):
-        read, write = step % 2, 1 - step % 2
+        read, write = (0, 0) if seq_major else (step % 2, 1 - step % 2)
         total = past + ids.shape[1]
         binding.clear_binding_inputs()
         binding.clear_binding_outputs()
@@ -63,9 +69,8 @@ def greedy_io_binding(session, config, input_ids: np.ndarray, steps: int, attent
         binding.bind_cpu_input("attention_mask", mask)
         binding.bind_output("logits", device, device_id)  # ORT allocates it: its length changes after prefill
         for i, (p, q) in enumerate(zip(past_names, present_names)):
-            binding.bind_input(p, device, device_id, dtype, [batch, kv, past, head_dim], buffers[i][read].data_ptr())
-            binding.bind_output(q, device, device_id, dtype, [batch, kv, total, head_dim],
-                                buffers[i][write].data_ptr())
+            binding.bind_input(p, device, device_id, dtype, shape(past), buffers[i][read].data_ptr())
+            binding.bind_output(q, device, device_id, dtype, shape(total), buffers[i][write].data_ptr())
         session.run_with_iobinding(binding)
         logits = binding.get_outputs()[0].numpy()  # outputs in binding order: logits first
         token = logits[:, -1].argmax(-1).astype(np.int64)[:, None]
@@ -79,13 +84,14 @@ def greedy_io_binding(session, config, input_ids: np.ndarray, steps: int, attent
     return np.concatenate(tokens, axis=1)
 
 
-def near_ties(ref_session, session, config, ids, mask, tokens, device) -> bool:
+def near_ties(ref_session, session, config, ids, mask, tokens, device, seq_major: bool = False) -> bool:
     """Both sessions fed the reference's tokens (teacher forcing): at each step where their argmax differs,
     print the reference's top-2 margin and the largest logit difference of the step. True when every
     disagreement is a near-tie (margin below that difference): rounding, not a wrong result."""
     ref, ours = [], []
     greedy_io_binding(ref_session, config, ids, tokens.shape[1], mask, device=device, forced=tokens, record=ref)
-    greedy_io_binding(session, config, ids, tokens.shape[1], mask, device=device, forced=tokens, record=ours)
+    greedy_io_binding(session, config, ids, tokens.shape[1], mask, device=device, forced=tokens, record=ours,
+                      seq_major=seq_major)
     diffs = [float(np.abs(a - b).max()) for a, b in zip(ref, ours)]
     ties = True
     for step, (a, b, diff) in enumerate(zip(ref, ours, diffs)):
@@ -101,15 +107,17 @@ def near_ties(ref_session, session, config, ids, mask, tokens, device) -> bool:
     return ties
 
 
-def against_fp32(sessions, config, ids, mask, want, device) -> None:
+def against_fp32(sessions, config, ids, mask, want, device, seq_major: frozenset = frozenset()) -> None:
     """Each session against torch's fp32 tokens `want` [B, steps]: the steps its free-running greedy tokens stay
     identical to fp32's (per row), and, fed fp32's tokens (teacher forcing), how many of its next-token argmaxes
     are fp32's. Random-weight models have near-ties that fp16 rounding breaks either way; this says whether
-    ort_triton's kernels break them more often than stock ORT's."""
+    ort_triton's kernels break them more often than stock ORT's. seq_major: the labels whose cache is sequence
+    first."""
     steps = want.shape[1]
     for label, (session, tokens) in sessions.items():
         same = [int(np.argmax(row != ref)) if (row != ref).any() else steps for row, ref in zip(tokens, want)]
-        forced = greedy_io_binding(session, config, ids, steps, mask, device=device, forced=want)
+        forced = greedy_io_binding(session, config, ids, steps, mask, device=device, forced=want,
+                                   seq_major=label in seq_major)
         agree = int((forced == want).sum())
         print(f"{label} against torch (fp32): identical for the first {same} steps of each row; teacher-forced "
               f"along fp32's tokens, next-token argmax equal to fp32's at {agree} of {want.size} steps")
@@ -138,6 +146,9 @@ def main(argv=None) -> int:
                     help="instead: export in fp32 and convert each model with graph_rewrites.to_float16 (what "
                          "`ort-triton optimize --float16` does)")
     ap.add_argument("--io-binding", action="store_true", help="on CPU: use the IO-binding loop too")
+    ap.add_argument("--kv-cache", choices=("heads-first", "seq-major"), default="heads-first",
+                    help="with --optimize: the rewritten model's cache layout (seq-major: present bound over past, "
+                         "no copy a step; the IO-binding loop runs it, on CPU too)")
     ap.add_argument("--out-dir", type=pathlib.Path, default=None, help="where the .onnx files go (default: temp)")
     ap.add_argument("--no-torch", action="store_true", help="skip torch's generate (big models)")
     args = ap.parse_args(argv)
@@ -177,7 +188,10 @@ def main(argv=None) -> int:
         save_atomic(graph_rewrites.to_float16(onnx.load(path)), stock)
     variants = {"ORT": str(stock)}
     if args.optimize:
-        optimized, report = graph_rewrites.optimize(str(path), report=True, float16=args.convert_float16)
+        optimized, report = graph_rewrites.optimize(str(path), report=True, float16=args.convert_float16,
+                                                    kv_cache=args.kv_cache)
+        for note in report.notes:
+            print(f"note: {note}")
         fused = {k: v for k, v in report.ops_after.items() if k.startswith("ai.ort_triton.")}
         print(f"ort_triton fused: {fused or 'nothing'}")
         ours = out_dir / f"{path.stem}.ort_triton{'.float16' * args.convert_float16}.onnx"
@@ -191,6 +205,8 @@ def main(argv=None) -> int:
                                max_new_tokens=args.steps, do_sample=False)
         results["torch (fp32)"] = want[:, ids.shape[1]:].numpy(), secs
     device = "cuda" if args.cuda else "cpu"
+    seq_major = frozenset({"ORT + ort_triton"} if args.optimize and args.kv_cache == "seq-major" else ())
+    io_binding = args.cuda or args.io_binding or bool(seq_major)  # one loop for every runtime, to compare alike
     sessions = {}
     for label, onnx_model in variants.items():
         if args.cuda:
@@ -204,9 +220,11 @@ def main(argv=None) -> int:
         else:
             session = ort.InferenceSession(onnx_model, providers=["CPUExecutionProvider"])
         sessions[label] = session
-        if args.cuda or args.io_binding:
-            greedy_io_binding(session, model.config, ids, 2, mask, device=device)  # warm-up
-            tokens, secs = timed(greedy_io_binding, session, model.config, ids, args.steps, mask, device=device)
+        if io_binding:
+            sm = label in seq_major
+            greedy_io_binding(session, model.config, ids, 2, mask, device=device, seq_major=sm)  # warm-up
+            tokens, secs = timed(greedy_io_binding, session, model.config, ids, args.steps, mask, device=device,
+                                 seq_major=sm)
         else:
             tokens, secs = timed(decoders.greedy, session, model.config, ids, args.steps, attention_mask=mask)
         results[label] = tokens, secs
@@ -215,9 +233,9 @@ def main(argv=None) -> int:
         print(f"{label:18s} {1e3 * secs / args.steps:8.2f} ms/token")
         for row in tokens:
             print(f"    {' '.join(map(str, row))}")
-    if "torch (fp32)" in results and (args.cuda or args.io_binding):
+    if "torch (fp32)" in results and io_binding:
         against_fp32({label: (sessions[label], results[label][0]) for label in variants}, model.config, ids, mask,
-                     results["torch (fp32)"][0], device)
+                     results["torch (fp32)"][0], device, seq_major)
     ref_label = "ORT"
     ok = True
     for label, (tokens, _) in results.items():
@@ -226,9 +244,9 @@ def main(argv=None) -> int:
             print(f"{label} identical to {ref_label}: {same}")
             if label == "ORT + ort_triton":
                 ok &= same
-                if not same and (args.cuda or args.io_binding):  # why: a wrong kernel, or fp16 rounding at a tie?
+                if not same and io_binding:  # why: a wrong kernel, or fp16 rounding at a tie?
                     near_ties(sessions[ref_label], sessions[label], model.config, ids, mask,
-                              results[ref_label][0], device)
+                              results[ref_label][0], device, label in seq_major)
     return 0 if ok else 1
 
 

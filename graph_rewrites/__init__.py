@@ -19,6 +19,7 @@ from onnx_ir.passes.common import TopologicalSortPass
 from ort_triton.contract import DOMAIN, DOMAIN_VERSION, MIN_OPSET
 from ort_triton.ops import BY_NAME as OPS
 
+from .kv_layout import relay_seq_major
 from .registry import RULES, RuleStats, apply_rules, select
 from .static_shapes import specialize
 
@@ -178,14 +179,21 @@ def to_float16(proto: onnx.ModelProto, *, keep_io_types: bool = False,
 def optimize(model, *, only: list[str] | None = None, disable: list[str] | None = None,
              enable: list[str] | None = None, report: bool = False,
              float16: bool = False, keep_io_types: bool = False, keep_fp32: tuple[str, ...] = FP32_KEEP,
-             progress=None, inplace: bool = False, static_shapes: dict[str, list[int]] | None = None):
+             progress=None, inplace: bool = False, static_shapes: dict[str, list[int]] | None = None,
+             kv_cache: str = "heads-first"):
     """Fuse what the rules find, then (float16=True) convert to fp16 (see to_float16). Returns a model
     of the input's type (a path gives an onnx.ModelProto); with report=True, (model, Report). The input
     is never modified, unless inplace=True hands over an onnx.ModelProto to be consumed (its weights move
     to the result: one copy of them instead of two, for models of several GB). progress(done, total,
     what) is called between rule stages. static_shapes {input: dims} specialises the model for those
     shapes after fusing (graph_rewrites/static_shapes.py: every shape computation folded, so ORT's CUDA EP
-    runs every node and can capture a CUDA graph); a shape node it cannot fold is named in the notes."""
+    runs every node and can capture a CUDA graph); a shape node it cannot fold is named in the notes.
+    kv_cache "seq-major" lays each fused layer's cache out [T, B, Nkv, D] (graph_rewrites/kv_layout.py: a caller
+    binds present over past and no step copies the cache); the model's cache inputs and outputs change with it,
+    and static_shapes then names their dims in that order. Layers left heads first are named in the notes."""
+    if kv_cache not in ("heads-first", "seq-major"):
+        raise ValueError(f"kv_cache {kv_cache!r}: expected 'heads-first' (the export's [B, Nkv, T, D]) or "
+                         "'seq-major' ([T, B, Nkv, D])")
     selected = rules = select(only, disable, enable)
     proto = _load(model, inplace)
     before = op_counts(proto)
@@ -204,6 +212,15 @@ def optimize(model, *, only: list[str] | None = None, disable: list[str] | None 
     del proto  # the IR holds its tensors; serialising below copies them, so only one copy stays alive
     stats = {r.name: RuleStats(r.name, r.identity) for r in selected}
     stats.update(apply_rules(ir_model, rules, progress))
+    if kv_cache == "seq-major":
+        relaid, kept = relay_seq_major(ir_model)
+        if not relaid and not kept:
+            notes.append("--kv-cache seq-major: no fused cache op (QKVRotaryCache, QKVNormRotaryCache, QKVCache) to "
+                         "relay: export the model with its KV cache, and leave the qkv_*cache rules on")
+        else:
+            notes.append(f"--kv-cache seq-major: {relaid} layer(s) relaid [T, B, Nkv, D]; bind each present over its "
+                         "past (examples/generate.py)")
+        notes += [f"--kv-cache seq-major: left heads first: {r}" for r in kept]
     if static_shapes:
         left = specialize(ir_model, static_shapes)
         if left:

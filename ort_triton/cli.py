@@ -210,7 +210,7 @@ def cmd_optimize(args) -> int:
                                                   report=True,
                                                   float16=args.float16, keep_io_types=args.keep_io_types,
                                                   keep_fp32=keep, progress=progress, inplace=True,
-                                                  static_shapes=static)
+                                                  static_shapes=static, kv_cache=args.kv_cache)
         del model  # consumed: its weights are in `out` now
     except ValueError as e:
         raise UserError(str(e)) from None
@@ -411,6 +411,10 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("--static-shapes", metavar="NAME=DIMS,...", help="specialise for fixed input shapes, e.g. "
                    "input_ids=1x128,attention_mask=1x128: every shape computation folded, so ORT's CUDA EP runs "
                    "every node and can capture CUDA graphs")
+    o.add_argument("--kv-cache", choices=("heads-first", "seq-major"), default="heads-first",
+                   help="the fused decoder's cache layout: heads-first, the export's [B, Nkv, T, D] (default), or "
+                   "seq-major, [T, B, Nkv, D], where a caller binds each present over its past and no decode step "
+                   "copies the cache (the model's cache inputs and outputs change with it)")
     o.add_argument("-v", "--verbose", action="store_true", help="show every refused candidate and why")
     o.add_argument("--explain", metavar="RULE", help="for one rule: every refusal and its best partial match")
     o.add_argument("--json", metavar="PATH", help="write the report as JSON")

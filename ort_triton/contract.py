@@ -115,6 +115,8 @@ class Tuning:
     candidates: Callable[[str, tuple[int, ...], int], list[dict]]
     spec: Callable[[str, tuple[tuple[int, int], ...], dict], Spec]
     runner: Callable[..., Callable[[], Any]]
+    # keys of an entry from an older table (fewer dispatch keys then) as the op's keys today; None: none changed
+    upgrade: Callable[[tuple[tuple[int, int], ...]], tuple[tuple[int, int], ...]] | None = None
 
 
 def pow2_bucket(n: int) -> tuple[int, int]:
@@ -179,7 +181,8 @@ class OpContract:
             [o.name for o in self.outputs],
             self.body(opset),
             [helper.make_opsetid("", opset)],
-            attributes=[a.name for a in self.attrs],
+            # with their defaults: a node made before an attribute existed (seq_major) still inlines
+            attribute_protos=[helper.make_attribute(a.name, _attr_value(a, a.default)) for a in self.attrs],
             doc_string=self.doc,
         )
 

@@ -62,6 +62,8 @@ def _entry(raw: dict, where: str) -> Entry:
         raise TuningError(f"{where}: op {op!r} is not tunable; tunable ops: {', '.join(tunable)}")
     if type_name not in contract.types:
         raise TuningError(f"{where}: {op} has no element type {type_name!r} (it has {', '.join(contract.types)})")
+    if contract.tuning.upgrade:
+        keys = contract.tuning.upgrade(keys)
     if len(keys) != len(contract.kernel.dispatch_keys) or any(lo > hi for lo, hi in keys):
         raise TuningError(f"{where}: keys must be {len(contract.kernel.dispatch_keys)} ranges [lo, hi] with lo <= hi "
                           f"({', '.join(contract.kernel.dispatch_keys)}), got {list(keys)}")

@@ -274,6 +274,7 @@ class OrtTriton(_Rewritten):
     library = None  # the default library
     disable: tuple[str, ...] = ()  # rules left out: an ablation's twin of a runtime
     enable: tuple[str, ...] = ()  # rules off by default put in: a candidate's twin
+    kv_cache = "heads-first"  # the fused model's cache layout (graph_rewrites.optimize's kv_cache)
 
     def available(self, m):
         reason = super().available(m)
@@ -288,8 +289,8 @@ class OrtTriton(_Rewritten):
         import graph_rewrites
         from graph_rewrites.registry import select
 
-        digest = hashlib.sha1(" ".join(r.name for r in select(disable=list(self.disable),
-                                                              enable=list(self.enable))).encode())
+        digest = hashlib.sha1(" ".join([r.name for r in select(disable=list(self.disable), enable=list(self.enable))]
+                                       + [self.kv_cache]).encode())
         for src in sorted(pathlib.Path(graph_rewrites.__file__).parent.glob("*.py")):
             digest.update(src.read_bytes())
         return f"{self.file_name}-{digest.hexdigest()[:10]}"
@@ -300,7 +301,8 @@ class OrtTriton(_Rewritten):
         from ..cli import save_atomic
 
         model, report = graph_rewrites.optimize(str(m.export("default")), report=True,
-                                                disable=list(self.disable), enable=list(self.enable))
+                                                disable=list(self.disable), enable=list(self.enable),
+                                                kv_cache=self.kv_cache)
         self.info = ", ".join(f"{r.name} {r.matched}" for r in report.rules.values() if r.matched)
         save_atomic(model, out, external=m.big)
 
@@ -470,6 +472,66 @@ class OrtTritonLinearCudaGraph(OrtTritonLinearStatic):
     name, cuda_graph = "ort_triton_linear_cuda_graph", True
 
 
+class OrtTritonSeqMajorStatic(OrtTritonStatic):
+    """ort_triton_static with the cache sequence first (`optimize --kv-cache seq-major`, graph_rewrites/kv_layout.py):
+    each present bound over its past, one buffer a cache tensor, so a decode step writes its new rows and copies
+    nothing. Beside ort_triton_static (bench.ab) it measures what the copy cost. Opt-in, as is its CUDA-graph twin."""
+
+    name, file_name, kv_cache = "ort_triton_seq_static", "ort_triton_seq", "seq-major"
+
+    def runner(self, m, feeds):
+        import onnxruntime as ort
+
+        from ..ops.kv_layout import TO_SEQ
+
+        pasts = decoders.input_names(m.config)[2:]
+        presents = dict(zip(decoders.output_names(m.config)[1:], pasts))
+        feeds = {k: np.ascontiguousarray(v.transpose(TO_SEQ)) if k in pasts else v for k, v in feeds.items()}
+        self.sess = None  # one shape's session at a time
+        self.sess = self.session(m, self.specialized(m, feeds))
+        device = "cuda" if m.device == "cuda" else "cpu"
+        (b, s), total = feeds["input_ids"].shape, feeds["attention_mask"].shape[1]
+        io, keep, caches = self.sess.io_binding(), [], {}
+        for name, value in feeds.items():
+            if name in pasts:  # a buffer of the present's length, the past in its first rows
+                full = np.zeros((total, *value.shape[1:]), value.dtype)
+                full[:value.shape[0]] = value
+                buf = ort.OrtValue.ortvalue_from_numpy(full, device, 0)
+                caches[name] = buf
+                io.bind_input(name, device, 0, value.dtype, list(value.shape), buf.data_ptr())
+            else:
+                buf = ort.OrtValue.ortvalue_from_numpy(value, device, 0)
+                io.bind_ortvalue_input(name, buf)
+            keep.append(buf)
+        np_t = np.float16 if m.dtype == "float16" else np.float32
+        for out in self.sess.get_outputs():
+            if out.name in presents:  # over its past
+                io.bind_output(out.name, device, 0, np_t, [total, b, m.kv_heads, m.head_dim],
+                               caches[presents[out.name]].data_ptr())
+            else:  # the logits: a fixed buffer (CUDA graphs replay into it)
+                value = ort.OrtValue.ortvalue_from_shape_and_type([b, s, m.config.vocab_size], np_t, device, 0)
+                keep.append(value)
+                io.bind_ortvalue_output(out.name, value)
+        ro = ort.RunOptions()
+        if self.cuda_graph:
+            self.graph_ids += 1
+            ro.add_run_config_entry("gpu_graph_id", str(self.graph_ids))
+
+        def run():
+            self.sess.run_with_iobinding(io, ro)
+
+        def logits():
+            run()
+            return io.get_outputs()[0].numpy()
+
+        run.keep, run.logits = keep, logits
+        return run
+
+
+class OrtTritonSeqMajorCudaGraph(OrtTritonSeqMajorStatic):
+    name, cuda_graph = "ort_triton_seq_cuda_graph", True
+
+
 class _TunedLibrary:
     """The same fused model with the library of a tuning table ($ORT_TRITON_TUNED_LIBRARY, built with
     `ort-triton build --tuning`): what tuning buys, beside the default library in one run (opt-in)."""
@@ -545,7 +607,8 @@ ALL = {rt.name: rt for rt in (OrtRuntime, OrtOpset23, OrtOpset23CudaGraph, Onnxs
                               OrtTritonUnpackedStatic, OrtTritonUnpackedCudaGraph, OrtTritonNoQkvRotaryCacheStatic,
                               OrtTritonNoQkvRotaryCacheCudaGraph, OrtTritonPaddedWeightStatic,
                               OrtTritonPaddedWeightCudaGraph, OrtTritonNoQkvCacheStatic, OrtTritonNoQkvCacheCudaGraph,
-                              OrtTritonLinearStatic, OrtTritonLinearCudaGraph)}
+                              OrtTritonLinearStatic, OrtTritonLinearCudaGraph, OrtTritonSeqMajorStatic,
+                              OrtTritonSeqMajorCudaGraph)}
 
 
 def runtime(name: str) -> OrtRuntime:

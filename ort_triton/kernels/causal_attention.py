@@ -55,6 +55,7 @@ from ..ops.causal_attention import (
     split_keys,
     workspace_floats,
 )
+from ..ops.kv_layout import TO_HEADS
 from .attention import _LOG2E, _attend, _log2_key_bias, _softmax_step
 
 
@@ -111,9 +112,9 @@ def _merge_blocked(WS, ws_ml, ws_acc, first, n_merge, m_i, l_i, acc, BLOCK_M: tl
 
 @triton.jit(do_not_specialize=["T", "SPLIT", "PHASE"])  # as the AOT build: no variant per value
 def causal_attention_fwd(
-    Q, K, V, KB, Y, WS, NQ, NKV, S, T, scale, MEAN_ROWS, SPLIT, PHASE, CNT,
+    Q, K, V, KB, Y, WS, NQ, NKV, S, T, scale, MEAN_ROWS, SPLIT, PHASE, CNT, B,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    SPLIT_K: tl.constexpr, MERGE_BLOCK: tl.constexpr,
+    SPLIT_K: tl.constexpr, MERGE_BLOCK: tl.constexpr, KV_SEQ_MAJOR: tl.constexpr = 0,
 ):
     # flat grid: cdiv(G * S, BLOCK_M) * B * NKV programs, the row block fastest (the programs of one KV
     # head run side by side and share its K/V in L2); PHASE 1 and 3: times the chunks, the chunk fastest
@@ -155,11 +156,18 @@ def causal_attention_fwd(
 
     # this (b, g)'s K and V as scalar pointers, and one block's offsets within them (int32: a head holds
     # T * D < 2^31 elements): the pointer tiles are rebuilt per block rather than carried through the loops,
-    # which would keep [BLOCK_N, BLOCK_D] 64-bit pointers live in registers (ptxas spilled them)
-    kv_head = (b * NKV + g) * t_len * HEAD_DIM
+    # which would keep [BLOCK_N, BLOCK_D] 64-bit pointers live in registers (ptxas spilled them). KV_SEQ_MAJOR (the
+    # cache [T, B, NKV, D], ops/kv_layout.py): key j of (b, g) at j * B * NKV * D from the head's first (int32
+    # still: the planner keeps T * B * NKV * D under 2^31), B the batch.
+    if KV_SEQ_MAJOR:
+        kv_head = (b * NKV + g) * HEAD_DIM
+        kv_row = B * NKV * HEAD_DIM
+    else:
+        kv_head = (b * NKV + g) * t_len * HEAD_DIM
+        kv_row = HEAD_DIM
     k_head, v_head = K + kv_head, V + kv_head
     kb_row = KB + b * t_len
-    kv_tile = offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+    kv_tile = offs_n[:, None] * kv_row + offs_d[None, :]
     qk_scale = scale * _LOG2E
 
     # keys every row of the tile sees: j < T - S + i_lo + 1; the tile's last visible key: T - S + i_hi
@@ -181,11 +189,11 @@ def causal_attention_fwd(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start in range(lo, tl.minimum(full_end, hi), BLOCK_N):  # whole blocks, visible to every row: no mask
-        blk = kv_tile + start * HEAD_DIM
+        blk = kv_tile + start * kv_row
         m_i, l_i, acc = _attend(q, k_head + blk, v_head + blk, kb_row + start + offs_n, start, T, offs_n, d_ok,
                                 m_i, l_i, acc, qk_scale, V.dtype.element_ty, False, MASK_D, prec)
     for start in range(tl.maximum(full_end, lo), hi, BLOCK_N):  # the diagonal: causal mask and the key tail
-        blk = kv_tile + start * HEAD_DIM
+        blk = kv_tile + start * kv_row
         m_i, l_i, acc = _attend_diagonal(q, k_head + blk, v_head + blk, kb_row + start + offs_n, start, T,
                                          last_key, offs_n, d_ok, m_i, l_i, acc, qk_scale, V.dtype.element_ty, prec)
 
@@ -231,7 +239,7 @@ def causal_attention_fwd(
     if (mean_rows != 0) & (empty > 0) & finish:  # a row that sees no key: the mean of V over all T keys
         for j in range(0, T, BLOCK_N):
             kv_mask = (j + offs_n < T)[:, None] & d_ok[None, :]
-            fill += tl.sum(tl.load(v_head + kv_tile + j * HEAD_DIM, mask=kv_mask, other=0.0).to(tl.float32), 0)
+            fill += tl.sum(tl.load(v_head + kv_tile + j * kv_row, mask=kv_mask, other=0.0).to(tl.float32), 0)
         fill = fill / T
     y = tl.where((l_i > 0.0)[:, None], acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None], fill[None, :])
     y_offs = ((b * s_len + qi) * nq + h)[:, None] * HEAD_DIM + offs_d[None, :]
@@ -239,9 +247,10 @@ def causal_attention_fwd(
 
 
 # ---- a torch entry point: the same kernel through Triton's JIT (tests, interpreter, GPU timing) -------
-def causal_attention(q, k, v, key_bias, scale, masked_rows=0, *, out=None, config: dict | None = None):
-    """Y [B, S, Nq*D] for q [B, Nq, S, D], k and v [B, Nkv, T, D] (T >= S, Nq % Nkv == 0), key_bias [B, T]
-    (all one dtype). `out` lets a test hand in a poisoned buffer; `config` overrides block_config's
+def causal_attention(q, k, v, key_bias, scale, masked_rows=0, *, out=None, config: dict | None = None,
+                     seq_major=0):
+    """Y [B, S, Nq*D] for q [B, Nq, S, D], k and v [B, Nkv, T, D] (seq_major: [T, B, Nkv, D]; T >= S, Nq % Nkv == 0),
+    key_bias [B, T] (all one dtype). `out` lets a test hand in a poisoned buffer; `config` overrides block_config's
     BLOCK_M, BLOCK_N, num_warps, num_stages and SPLIT_TARGET (tests use small blocks so several blocks run,
     and SPLIT_MIN_KEYS small so that short caches split into several chunks), MERGE_BLOCK (merge_block's
     by default; 0: the chunk-by-chunk merge), FUSED_MERGE (0: the merge in a second launch) and maxnreg (ptxas'
@@ -254,16 +263,17 @@ def causal_attention(q, k, v, key_bias, scale, masked_rows=0, *, out=None, confi
     if q.dim() != 4 or k.dim() != 4:
         raise ValueError(f"causal_attention: q and k must be [B, N, S, D], got {list(q.shape)}, {list(k.shape)}")
     b, nq, s, d = q.shape
-    nkv, t = k.shape[1], k.shape[2]
+    heads_first = k.permute(TO_HEADS) if seq_major else k
+    nkv, t = heads_first.shape[1], heads_first.shape[2]
     if d not in CAUSAL_HEAD_DIMS:
         raise ValueError(f"causal_attention: head dim {d} not supported "
                          f"(head dims {', '.join(map(str, CAUSAL_HEAD_DIMS))})")
-    if k.shape[0] != b or k.shape[3] != d or nkv < 1 or nq % nkv:
-        raise ValueError(f"causal_attention: k {list(k.shape)} must be [B={b}, Nkv, T, D={d}] with Nkv dividing "
-                         f"Nq={nq}")
+    if heads_first.shape[0] != b or k.shape[3] != d or nkv < 1 or nq % nkv:
+        layout = f"[T, B={b}, Nkv, D={d}]" if seq_major else f"[B={b}, Nkv, T, D={d}]"
+        raise ValueError(f"causal_attention: k {list(k.shape)} must be {layout} with Nkv dividing Nq={nq}")
     if t < s:
         raise ValueError(f"causal_attention: the cache holds T={t} keys, fewer than the S={s} queries")
-    for name, x, shape in (("v", v, (b, nkv, t, d)), ("key_bias", key_bias, (b, t)), ("out", out, (b, s, nq * d))):
+    for name, x, shape in (("v", v, tuple(k.shape)), ("key_bias", key_bias, (b, t)), ("out", out, (b, s, nq * d))):
         if x is not None and (tuple(x.shape) != shape or x.dtype != q.dtype or x.device != q.device):
             raise ValueError(f"causal_attention: {name} must be {q.dtype} of shape {list(shape)} on {q.device}, "
                              f"got {x.dtype} {list(x.shape)} on {x.device}")
@@ -284,7 +294,8 @@ def causal_attention(q, k, v, key_bias, scale, masked_rows=0, *, out=None, confi
         causal_attention_fwd[(grid,)](
             q, k, v, key_bias, y, ws, nq, nkv, s, t, float(scale), int(masked_rows), split, phase,
             merge_counters(q.device, 0) if counters is None else counters,  # CNT: touched only in PHASE 3
-            HEAD_DIM=d, BLOCK_D=cfg["BLOCK_D"], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+            b, KV_SEQ_MAJOR=int(bool(seq_major)), HEAD_DIM=d, BLOCK_D=cfg["BLOCK_D"], BLOCK_M=cfg["BLOCK_M"],
+            BLOCK_N=cfg["BLOCK_N"],
             SPLIT_K=cfg["SPLIT_TARGET"] > 0, MERGE_BLOCK=merge_of(cfg, d), num_warps=cfg["num_warps"],
             num_stages=cfg["num_stages"], **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}))
 

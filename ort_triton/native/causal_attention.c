@@ -1,12 +1,12 @@
 /* causal_attention.c: planner and kernel parameters for CausalAttention (contract:
  * ort_triton/ops/causal_attention.py; kernel: ort_triton/kernels/causal_attention.py).
  *
- * Inputs:  Q [B, Nq, S, D], K and V [B, Nkv, T, D] (T >= S, Nq % Nkv == 0), key_bias [B, T]
+ * Inputs:  Q [B, Nq, S, D], K and V [B, Nkv, T, D] (T >= S, Nq % Nkv == 0; seq_major: [T, B, Nkv, D]), key_bias [B, T]
  * Output:  Y [B, S, Nq * D]
- * Attributes (contract order): scale, masked_rows (0 or 1).
+ * Attributes (contract order): scale, masked_rows (0 or 1), seq_major (0 or 1: the cache's layout, ops/kv_layout.py).
  * Dispatch keys: the head dim D (exact), the packed rows G * S of one program (G = Nq / Nkv): the decode spec
  * for rows up to the contract's DECODE_ROWS, the prefill spec beyond; B * Nkv and T (the built-in specs take
- * any; a tuning table's narrow them to buckets).
+ * any; a tuning table's narrow them to buckets); seq_major (a spec of its own for each layout).
  * Spec consts = (BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, SPLIT_TARGET, SPLIT_MIN_KEYS, FUSED_MERGE).
  * Grid: one flat axis of ceil(G * S / BLOCK_M) * B * Nkv programs, the row block fastest. A spec with a split
  * target below which the programs fall splits the cache into chunks (split_keys in the contract, mirrored
@@ -23,8 +23,8 @@
 #include "planner_util.h"
 
 enum { IN_Q, IN_K, IN_V, IN_KEY_BIAS, N_INPUTS };
-enum { ATTR_SCALE, ATTR_MASKED_ROWS, N_ATTRS };
-enum { KEY_HEAD_DIM, KEY_ROWS, KEY_BATCH_KV_HEADS, KEY_KEYS, N_KEYS };
+enum { ATTR_SCALE, ATTR_MASKED_ROWS, ATTR_SEQ_MAJOR, N_ATTRS };
+enum { KEY_HEAD_DIM, KEY_ROWS, KEY_BATCH_KV_HEADS, KEY_KEYS, KEY_SEQ_MAJOR, N_KEYS };
 enum {
   CONST_BLOCK_M, CONST_BLOCK_N, CONST_HEAD_DIM, CONST_BLOCK_D, CONST_SPLIT_TARGET, CONST_SPLIT_MIN_KEYS,
   CONST_FUSED_MERGE
@@ -45,13 +45,20 @@ int ot_causal_attention_plan(const ot_op *op, const ot_desc *in, int n_inputs, i
                              ot_plan *plan, char *err, size_t err_len) {
   if (n_inputs != N_INPUTS || n_outputs != 1 || op->n_attrs != N_ATTRS) {
     snprintf(err, err_len, "the kernel table gives this op %d inputs, %d outputs and %d attributes, the causal "
-                           "attention planner expects 4, 1 and 2; the library is inconsistent, rebuild it",
+                           "attention planner expects 4, 1 and 3; the library is inconsistent, rebuild it",
              n_inputs, n_outputs, op->n_attrs);
     return 1;
   }
+  const double seq_major = attrs[ATTR_SEQ_MAJOR];
+  if (seq_major != 0 && seq_major != 1) {
+    snprintf(err, err_len, "attribute seq_major is %g; it must be 0 (K, V [B, Nkv, T, D]) or 1 ([T, B, Nkv, D])",
+             seq_major);
+    return 1;
+  }
+  const int sm = seq_major == 1;
+  const char *kv_layout = sm ? "[T, B, Nkv, D] (seq_major)" : "[B, Nkv, T, D]";
   if (ot_check_rank(op, in, IN_Q, 4, "[B, Nq, S, D]", err, err_len) ||
-      ot_check_rank(op, in, IN_K, 4, "[B, Nkv, T, D]", err, err_len) ||
-      ot_check_rank(op, in, IN_V, 4, "[B, Nkv, T, D]", err, err_len))
+      ot_check_rank(op, in, IN_K, 4, kv_layout, err, err_len) || ot_check_rank(op, in, IN_V, 4, kv_layout, err, err_len))
     return 1;
   const ot_desc *q = &in[IN_Q], *k = &in[IN_K], *v = &in[IN_V], *kb = &in[IN_KEY_BIAS];
   const char *q_name = op->inputs[IN_Q].name, *k_name = op->inputs[IN_K].name;
@@ -62,11 +69,11 @@ int ot_causal_attention_plan(const ot_op *op, const ot_desc *in, int n_inputs, i
     return 1;
   }
   const int64_t batch = q->dims[0], nq = q->dims[1], s = q->dims[2], head_dim = q->dims[3];
-  const int64_t nkv = k->dims[1], t = k->dims[2];
-  if (k->dims[0] != batch || k->dims[3] != head_dim) {
-    snprintf(err, err_len, "input %s has shape %s but input %s has shape %s; they must agree in batch (dim 0) "
-                           "and head dim (dim 3)",
-             k_name, ot_shape_text(k, a, sizeof a), q_name, ot_shape_text(q, b, sizeof b));
+  const int64_t nkv = k->dims[sm ? 2 : 1], t = k->dims[sm ? 0 : 2];
+  if (k->dims[sm ? 1 : 0] != batch || k->dims[3] != head_dim) {
+    snprintf(err, err_len, "input %s has shape %s but input %s has shape %s; they must agree in batch (dim %d of %s, "
+                           "0 of %s) and head dim (dim 3)",
+             k_name, ot_shape_text(k, a, sizeof a), q_name, ot_shape_text(q, b, sizeof b), sm, k_name, q_name);
     return 1;
   }
   if (nkv < 1 || nq % nkv != 0) {
@@ -76,9 +83,9 @@ int ot_causal_attention_plan(const ot_op *op, const ot_desc *in, int n_inputs, i
     return 1;
   }
   if (t < s) {
-    snprintf(err, err_len, "input %s holds T=%lld keys (dim 2), fewer than the S=%lld queries of input %s; K and V "
+    snprintf(err, err_len, "input %s holds T=%lld keys (dim %d), fewer than the S=%lld queries of input %s; K and V "
                            "must be the present cache, the new keys included",
-             k_name, (long long)t, (long long)s, q_name);
+             k_name, (long long)t, sm ? 0 : 2, (long long)s, q_name);
     return 1;
   }
   if (kb->rank != 2 || kb->dims[0] != batch || kb->dims[1] != t) {
@@ -94,17 +101,19 @@ int ot_causal_attention_plan(const ot_op *op, const ot_desc *in, int n_inputs, i
     return 1;
   }
   /* the kernel's int32 arithmetic: query heads, packed rows G * S and a block past them, a head's T * D
-   * elements and a block past them; Nq * D is the output's row */
+   * elements and a block past them (sequence first, rows B * Nkv * D apart: T * B * Nkv * D); Nq * D is the
+   * output's row */
   const int64_t group = nq / nkv;
   if (nq > INT32_MAX || s > INT32_MAX / 2 || t > INT32_MAX / 2 || (group > 0 && s > (INT32_MAX / 2) / group) ||
-      (t + 256) * head_dim > INT32_MAX || nq * head_dim > INT32_MAX) {
-    snprintf(err, err_len, "shapes Q %s, K %s are past this kernel's 32-bit indexing (G * S, T * D and Nq * D must "
+      batch > INT32_MAX / nkv || (t + 256) * head_dim > INT32_MAX / (sm ? batch * nkv : 1) ||
+      nq * head_dim > INT32_MAX) {
+    snprintf(err, err_len, "shapes Q %s, K %s are past this kernel's 32-bit indexing (G * S, T * D%s and Nq * D must "
                            "stay under 2^31)",
-             ot_shape_text(q, a, sizeof a), ot_shape_text(k, b, sizeof b));
+             ot_shape_text(q, a, sizeof a), ot_shape_text(k, b, sizeof b), sm ? " * B * Nkv" : "");
     return 1;
   }
   const int64_t rows = group * s;
-  const int64_t keys[N_KEYS] = {head_dim, rows, batch * nkv, t};
+  const int64_t keys[N_KEYS] = {head_dim, rows, batch * nkv, t, sm};
   const ot_spec *spec = ot_find_spec(op, keys, N_KEYS, plan->arch);
   if (!spec) {
     char dims[256];
@@ -169,10 +178,12 @@ int ot_causal_attention_params(const ot_op *op, const ot_plan *plan, const ot_de
   /* Y, then the workspace (NULL in one pass, where the kernel never touches it) */
   void *const pointers[6] = {ptrs[IN_Q], ptrs[IN_K], ptrs[IN_V], ptrs[IN_KEY_BIAS], ptrs[op->n_inputs], plan->scratch};
   void *const counters = plan->counters; /* CNT: the merge counters of PHASE 3, else NULL (never touched) */
-  const int32_t nq = (int32_t)in[IN_Q].dims[1]; /* the plan checked these fit int32 */
-  const int32_t nkv = (int32_t)in[IN_K].dims[1];
+  const int sm = attrs[ATTR_SEQ_MAJOR] == 1;
+  const int32_t batch = (int32_t)in[IN_Q].dims[0]; /* the plan checked these fit int32 */
+  const int32_t nq = (int32_t)in[IN_Q].dims[1];
+  const int32_t nkv = (int32_t)in[IN_K].dims[sm ? 2 : 1];
   const int32_t s = (int32_t)in[IN_Q].dims[2];
-  const int32_t t = (int32_t)in[IN_K].dims[2];
+  const int32_t t = (int32_t)in[IN_K].dims[sm ? 0 : 2];
   const float scale = (float)attrs[ATTR_SCALE];
   const int32_t mean_rows = (int32_t)attrs[ATTR_MASKED_ROWS];
   const int64_t chunk = plan->values[VALUE_SPLIT];
@@ -192,5 +203,6 @@ int ot_causal_attention_params(const ot_op *op, const ot_plan *plan, const ot_de
   ot_put_param(slot, params, n++, &split, sizeof split);
   ot_put_param(slot, params, n++, &phase, sizeof phase);
   ot_put_param(slot, params, n++, &counters, sizeof counters);
+  ot_put_param(slot, params, n++, &batch, sizeof batch);
   return n;
 }

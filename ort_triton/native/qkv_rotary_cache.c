@@ -3,14 +3,18 @@
  * one body, its rotary and bias constexpr switches).
  *
  * QKVRotaryCache inputs: QKV [B, S, (Nq + 2 Nkv) D]; cos, sin as Rotary's; past_key, past_value [B, Nkv, P, D].
- *   Attributes (contract order): interleaved, rotary_dim (Rotary's, checked by ot_rotary_cos).
- * QKVNormRotaryCache inputs: QKVRotaryCache's, then q_gamma, k_gamma [D]. Attributes: Rotary's, then epsilon.
- * QKVCache inputs: QKV; bias [(Nq + 2 Nkv) D]; past_key, past_value. No attributes.
- * Outputs (both): Q [B, Nq, S, D]; present_key, present_value [B, Nkv, P + S, D].
+ *   Attributes (contract order): interleaved, rotary_dim (Rotary's, checked by ot_rotary_cos), seq_major.
+ * QKVNormRotaryCache inputs: QKVRotaryCache's, then q_gamma, k_gamma [D]. Attributes: Rotary's, epsilon, seq_major.
+ * QKVCache inputs: QKV; bias [(Nq + 2 Nkv) D]; past_key, past_value. Attributes: seq_major.
+ * Outputs (all): Q [B, Nq, S, D]; present_key, present_value [B, Nkv, P + S, D].
+ * seq_major (ops/kv_layout.py): past [P, B, Nkv, D], present [P + S, B, Nkv, D]; the copy of the past is then one
+ * block a tensor, taken by at most COPY_PROGRAMS programs each, and skipped (the kernel's copy bits) for a present
+ * whose memory is its past's.
  * Dispatch keys: Rotary's (D, both D and W multiples of 16, half_split); QKVCache's the first two (W = D);
- * consts = (BLOCK_S, BLOCK_D, BLOCK_C).
+ * consts = (BLOCK_S, BLOCK_D, BLOCK_C, COPY_PROGRAMS).
  * Grid: one flat axis, n_new = ceil(S / BLOCK_S) * (Nq + 2 Nkv) * B programs for the new rows, then
- * 2 * B * Nkv * ceil(P * D / BLOCK_C) for the copy of the past. */
+ * 2 * B * Nkv * ceil(P * D / BLOCK_C) for the copy of the past (seq_major: 2 * min(ceil(P B Nkv D / BLOCK_C),
+ * COPY_PROGRAMS)). */
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
@@ -22,19 +26,20 @@
  * q_gamma, k_gamma) and QKVCache (QKV, bias, past_key, past_value); -1 where an op has no such input. */
 typedef struct {
   const char *name;
-  int qkv, bias, cos, sin, past_key, past_value, q_gamma, k_gamma, n_inputs, n_attrs;
+  int qkv, bias, cos, sin, past_key, past_value, q_gamma, k_gamma, n_inputs, n_attrs, attr_seq_major;
 } qkv_op;
-static const qkv_op QKV_ROTARY = {"QKVRotaryCache", 0, -1, 1, 2, 3, 4, -1, -1, 5, 2};
-static const qkv_op QKV_NORM_ROTARY = {"QKVNormRotaryCache", 0, -1, 1, 2, 3, 4, 5, 6, 7, 3};
-static const qkv_op QKV_CACHE = {"QKVCache", 0, 1, -1, -1, 2, 3, -1, -1, 4, 0};
+static const qkv_op QKV_ROTARY = {"QKVRotaryCache", 0, -1, 1, 2, 3, 4, -1, -1, 5, 3, 2};
+static const qkv_op QKV_NORM_ROTARY = {"QKVNormRotaryCache", 0, -1, 1, 2, 3, 4, 5, 6, 7, 4, 3};
+static const qkv_op QKV_CACHE = {"QKVCache", 0, 1, -1, -1, 2, 3, -1, -1, 4, 1, 0};
 enum { ATTR_EPSILON = 2 }; /* QKVNormRotaryCache's, after Rotary's two */
 enum { OUT_Q, OUT_PRESENT_KEY, OUT_PRESENT_VALUE, N_OUTPUTS };
 enum { KEY_HEAD_DIM, KEY_ALIGNED, KEY_HALF_SPLIT, N_KEYS };
-enum { CONST_BLOCK_S, CONST_BLOCK_D, CONST_BLOCK_C };
+enum { CONST_BLOCK_S, CONST_BLOCK_D, CONST_BLOCK_C, CONST_COPY_PROGRAMS };
 
 typedef struct {
   ot_rotary_shape rope; /* batch, seq, d (heads: Nq); the rotary's r, w, cos strides (QKVCache: r = w = d, 0) */
   int64_t nkv, past;
+  int seq_major;
 } qrc_shape;
 
 static int shape_of(const ot_op *op, const qkv_op *k, const ot_desc *in, const double *attrs, qrc_shape *out,
@@ -42,14 +47,24 @@ static int shape_of(const ot_op *op, const qkv_op *k, const ot_desc *in, const d
   const ot_desc *qkv = &in[k->qkv], *pk = &in[k->past_key], *pv = &in[k->past_value];
   const char *qn = op->inputs[k->qkv].name, *kn = op->inputs[k->past_key].name;
   char a[160], b[160];
+  const double seq_major = attrs[k->attr_seq_major];
+  if (seq_major != 0 && seq_major != 1) {
+    snprintf(err, err_len, "attribute seq_major is %g; it must be 0 (the cache [B, kv_num_heads, P, head_dim]) or 1 "
+                           "([P, B, kv_num_heads, head_dim])", seq_major);
+    return 1;
+  }
+  /* dims of past_key by role: batch, kv heads, positions */
+  const int sm = seq_major == 1, dim_b = sm ? 1 : 0, dim_n = sm ? 2 : 1, dim_p = sm ? 0 : 2;
   if (qkv->rank != 3 || qkv->dims[0] < 0 || qkv->dims[1] < 0 || qkv->dims[2] < 0) {
     snprintf(err, err_len, "input %s has shape %s; it must be [B, S, (num_heads + 2 * kv_num_heads) * head_dim]", qn,
              ot_shape_text(qkv, a, sizeof a));
     return 1;
   }
-  if (pk->rank != 4 || pk->dims[0] != qkv->dims[0] || pk->dims[1] < 1 || pk->dims[2] < 0 || pk->dims[3] < 1) {
-    snprintf(err, err_len, "input %s has shape %s; it must be [B, kv_num_heads, P, head_dim] with B = %lld (dim 0 of "
-                           "input %s)", kn, ot_shape_text(pk, a, sizeof a), (long long)qkv->dims[0], qn);
+  if (pk->rank != 4 || pk->dims[dim_b] != qkv->dims[0] || pk->dims[dim_n] < 1 || pk->dims[dim_p] < 0 ||
+      pk->dims[3] < 1) {
+    snprintf(err, err_len, "input %s has shape %s; it must be %s with B = %lld (dim 0 of input %s)", kn,
+             ot_shape_text(pk, a, sizeof a), sm ? "[P, B, kv_num_heads, head_dim] (seq_major)"
+                                                : "[B, kv_num_heads, P, head_dim]", (long long)qkv->dims[0], qn);
     return 1;
   }
   if (pv->rank != 4 || memcmp(pv->dims, pk->dims, 4 * sizeof pk->dims[0]) != 0) {
@@ -57,7 +72,7 @@ static int shape_of(const ot_op *op, const qkv_op *k, const ot_desc *in, const d
              op->inputs[k->past_value].name, ot_shape_text(pv, a, sizeof a), kn, ot_shape_text(pk, b, sizeof b));
     return 1;
   }
-  const int64_t d = pk->dims[3], nkv = pk->dims[1], width = qkv->dims[2];
+  const int64_t d = pk->dims[3], nkv = pk->dims[dim_n], width = qkv->dims[2];
   if (nkv > 65535 || width % d != 0 || width / d <= 2 * nkv) {
     snprintf(err, err_len, "input %s has shape %s: its last dim must be (num_heads + 2 * %lld) * %lld with num_heads "
                            ">= 1 (kv_num_heads and head_dim from input %s, %s)", qn, ot_shape_text(qkv, a, sizeof a),
@@ -73,7 +88,7 @@ static int shape_of(const ot_op *op, const qkv_op *k, const ot_desc *in, const d
       return 1;
     }
   }
-  out->nkv = nkv, out->past = pk->dims[2];
+  out->nkv = nkv, out->past = pk->dims[dim_p], out->seq_major = sm;
   out->rope.batch = qkv->dims[0], out->rope.seq = qkv->dims[1], out->rope.d = d, out->rope.heads = width / d - 2 * nkv;
   if (k->cos < 0) {
     out->rope.r = out->rope.w = d, out->rope.cos_b = out->rope.cos_s = 0;
@@ -103,8 +118,8 @@ static int plan_qkv(const ot_op *op, const qkv_op *k, const ot_desc *in, int n_i
     return 1;
   }
   const int64_t block_s = spec->consts[CONST_BLOCK_S], block_d = spec->consts[CONST_BLOCK_D],
-                block_c = spec->consts[CONST_BLOCK_C];
-  if (block_s < 1 || block_d < d || block_c < 1) {
+                block_c = spec->consts[CONST_BLOCK_C], copy_programs = spec->consts[CONST_COPY_PROGRAMS];
+  if (block_s < 1 || block_d < d || block_c < 1 || copy_programs < 1) {
     snprintf(err, err_len, "kernel %s has BLOCK_S=%lld, BLOCK_D=%lld, BLOCK_C=%lld in the kernel table for head_dim "
                            "%lld; rebuild the library", spec->kernel_name, (long long)block_s, (long long)block_d,
              (long long)block_c, (long long)d);
@@ -113,11 +128,14 @@ static int plan_qkv(const ot_op *op, const qkv_op *k, const ot_desc *in, int n_i
   /* every count below int32 (the kernel's program ids and its int32 arguments); each factor checked first */
   const int64_t heads = nq + 2 * sh.nkv, s_blocks = (seq + block_s - 1) / block_s;
   const int64_t per_slab = (sh.past * d + block_c - 1) / block_c;
+  /* sequence first: one block of P B Nkv D elements a tensor (below int64's reach: each factor is int32) */
+  const int64_t copy_blocks = sh.past ? (sh.past * d * batch * sh.nkv + block_c - 1) / block_c : 0;
+  const int64_t copies = sh.seq_major ? 2 * (copy_blocks < copy_programs ? copy_blocks : copy_programs)
+                                      : 2 * batch * sh.nkv * per_slab;
   const int64_t limit = INT32_MAX;
   if (seq > limit - block_s || sh.past > limit - seq || batch > limit / heads ||
       (s_blocks && batch * heads > limit / s_blocks) || sh.past * d > limit ||
-      (per_slab && 2 * batch * sh.nkv > limit / per_slab) ||
-      s_blocks * heads * batch > limit - 2 * batch * sh.nkv * per_slab) {
+      (per_slab && 2 * batch * sh.nkv > limit / per_slab) || s_blocks * heads * batch > limit - copies) {
     snprintf(err, err_len, "inputs %s %lld x %lld x %lld heads and a cache of %lld need more than 2^31 programs or "
                            "elements a head; split the batch", op->inputs[k->qkv].name, (long long)batch,
              (long long)seq, (long long)heads, (long long)sh.past);
@@ -125,16 +143,28 @@ static int plan_qkv(const ot_op *op, const qkv_op *k, const ot_desc *in, int n_i
   }
   const int64_t n_new = s_blocks * heads * batch;
   plan->spec = spec;
-  plan->grid[0] = (unsigned)(n_new + 2 * batch * sh.nkv * per_slab);
+  plan->grid[0] = (unsigned)(n_new + copies);
   plan->grid[1] = plan->grid[2] = 1;
   plan->values[0] = n_new;
   ot_desc *q = &plan->outputs[OUT_Q], *pk = &plan->outputs[OUT_PRESENT_KEY], *pv = &plan->outputs[OUT_PRESENT_VALUE];
   *q = in[k->past_key];
-  q->dims[1] = nq, q->dims[2] = seq; /* [B, Nq, S, D] */
+  q->dims[0] = batch, q->dims[1] = nq, q->dims[2] = seq; /* [B, Nq, S, D] */
   *pk = in[k->past_key];
-  pk->dims[2] = sh.past + seq;
+  pk->dims[sh.seq_major ? 0 : 2] = sh.past + seq;
   *pv = *pk;
   return 0;
+}
+
+/* The kernels' last three parameters: B, seq_major and the copy bits (bit 0 the key's past, bit 1 the value's; a present
+ * whose memory is its past's, bound so by the caller, has nothing to copy; heads first always copies). */
+static int layout_params(const qkv_op *k, const qrc_shape *sh, void *const *ptrs, uint64_t *slot, void **params, int n) {
+  const int out = k->n_inputs;
+  const int32_t v[3] = {(int32_t)sh->rope.batch, sh->seq_major,
+                        sh->seq_major ? (ptrs[out + OUT_PRESENT_KEY] != ptrs[k->past_key]) |
+                                            2 * (ptrs[out + OUT_PRESENT_VALUE] != ptrs[k->past_value])
+                                      : 3};
+  for (int i = 0; i < 3; i++) ot_put_param(slot, params, n++, &v[i], sizeof v[i]);
+  return n;
 }
 
 int ot_qkv_rotary_cache_plan(const ot_op *op, const ot_desc *in, int n_inputs, int n_outputs, const double *attrs,
@@ -160,7 +190,7 @@ static int rotary_params(const ot_op *op, const qkv_op *k, const ot_plan *plan, 
     const float eps = (float)attrs[ATTR_EPSILON];
     ot_put_param(slot, params, n++, &eps, sizeof eps);
   }
-  return n;
+  return layout_params(k, &sh, ptrs, slot, params, n);
 }
 
 int ot_qkv_rotary_cache_params(const ot_op *op, const ot_plan *plan, const ot_desc *in, void *const *ptrs,
@@ -195,5 +225,5 @@ int ot_qkv_cache_params(const ot_op *op, const ot_plan *plan, const ot_desc *in,
   for (int i = 0; i < QKV_CACHE.n_inputs + N_OUTPUTS; i++) /* the inputs, then the outputs */
     ot_put_param(slot, params, n++, &ptrs[i], sizeof ptrs[i]);
   for (int i = 0; i < 6; i++) ot_put_param(slot, params, n++, &v[i], sizeof v[i]); /* NQ, NKV, S, P, D, n_new */
-  return n;
+  return layout_params(&QKV_CACHE, &sh, ptrs, slot, params, n);
 }

@@ -37,6 +37,7 @@ from onnx import helper
 
 from ..contract import ANY, IO, Attr, Kernel, OpContract, Spec, Tuning, attr_ref, pow2_bucket
 from .attention import HEAD_DIMS, block_d
+from .kv_layout import SEQ_MAJOR, heads_in, to_heads
 from .tune_space import random_inputs, tile_candidates
 
 # The encoder attention's head dims and Gemma's 256 (Gemma-2B's and -7B's): a decoder's attention left to ORT at
@@ -44,9 +45,10 @@ from .tune_space import random_inputs, tile_candidates
 CAUSAL_HEAD_DIMS = HEAD_DIMS + (256,)
 
 
-def reference_causal_attention(q, k, v, key_bias, scale, masked_rows=0):
+def reference_causal_attention(q, k, v, key_bias, scale, masked_rows=0, seq_major=0):
     """float64 numpy reference in the contract's layout."""
     q, k, v, kb = (np.asarray(a, np.float64) for a in (q, k, v, key_bias))
+    k, v = to_heads(k, seq_major), to_heads(v, seq_major)
     b, nq, s_len, d = q.shape
     nkv, t_len = k.shape[1], k.shape[2]
     g = nq // nkv
@@ -78,15 +80,15 @@ def _body(_opset: int) -> list[onnx.NodeProto]:
     rows = n("Constant", [], ["masked_rows_i"])
     rows.attribute.append(attr_ref("masked_rows", onnx.AttributeProto.INT, name="value_int"))
     return [
-        scale, rows,
+        scale, rows, *heads_in([("K", "K_h"), ("V", "V_h")]),
         i64("ax0", [0]), i64("ax1", [1]), i64("ax2", [2]), i64("ax4", [4]), i64("minus1", [-1]),
         i64("ax123", [1, 2, 3]), scalar("zero", 0), scalar("one", 1),
-        n("Shape", ["Q"], ["q_shape"]), n("Shape", ["K"], ["k_shape"]),
+        n("Shape", ["Q"], ["q_shape"]), n("Shape", ["K_h"], ["k_shape"]),
         n("Slice", ["q_shape", "ax0", "ax1"], ["batch"]), n("Slice", ["k_shape", "ax1", "ax2"], ["nkv"]),
         n("Slice", ["q_shape", "ax2", "ax4"], ["s_d"]),
         n("Concat", ["batch", "nkv", "minus1", "s_d"], ["grouped_shape"], axis=0),  # [B, Nkv, G, S, D]
         n("Reshape", ["Q", "grouped_shape"], ["q5"]),
-        n("Unsqueeze", ["K", "ax2"], ["k5"]), n("Unsqueeze", ["V", "ax2"], ["v5"]),  # [B, Nkv, 1, T, D]
+        n("Unsqueeze", ["K_h", "ax2"], ["k5"]), n("Unsqueeze", ["V_h", "ax2"], ["v5"]),  # [B, Nkv, 1, T, D]
         n("Transpose", ["k5"], ["k5t"], perm=[0, 1, 2, 4, 3]),
         n("CastLike", ["scale_f", "Q"], ["scale_t"]),
         n("MatMul", ["q5", "k5t"], ["qk"]), n("Mul", ["qk", "scale_t"], ["scores"]),  # [B, Nkv, G, S, T]
@@ -130,11 +132,12 @@ KERNEL = Kernel(
     fn_name="causal_attention_fwd",
     signature={"Q": "*{T}", "K": "*{T}", "V": "*{T}", "KB": "*{T}", "Y": "*{T}", "WS": "*fp32",
                "NQ": "i32", "NKV": "i32", "S": "i32", "T": "i32", "scale": "fp32", "MEAN_ROWS": "i32",
-               "SPLIT": "i32", "PHASE": "i32", "CNT": "*i32"},
+               "SPLIT": "i32", "PHASE": "i32", "CNT": "*i32", "B": "i32"},
     native_plan="ot_causal_attention_plan",
     native_params="ot_causal_attention_params",
-    # rows = G * S; programs = B * Nkv and keys = T only narrow tuned specs (the built-in ones take any)
-    dispatch_keys=("head_dim", "rows", "batch_kv_heads", "keys"),
+    # rows = G * S; programs = B * Nkv and keys = T only narrow tuned specs (the built-in ones take any); seq_major the
+    # cache's layout (ops/kv_layout.py), a spec of its own (KV_SEQ_MAJOR) for each
+    dispatch_keys=("head_dim", "rows", "batch_kv_heads", "keys", "seq_major"),
 )
 
 # Packed rows (G * S) up to this take the decode spec: BLOCK_M = 16 (tl.dot's least), long key blocks.
@@ -282,12 +285,13 @@ def workspace_floats(programs: int, n_split: int, block_m: int, block_d: int) ->
 
 def _spec(type_name: str, keys: tuple[tuple[int, int], ...], cfg: dict) -> Spec:
     """The spec of a config (tiles, launch options, split target, and `maxnreg`, ptxas' register cap, when
-    the config names one) for the key ranges ((D, D), (rows lo, rows hi), (B * Nkv lo, hi), (T lo, hi))."""
+    the config names one) for the key ranges ((D, D), (rows lo, rows hi), (B * Nkv lo, hi), (T lo, hi), (seq_major,
+    seq_major))."""
     d = keys[0][0]
     split = int(cfg.get("SPLIT_TARGET", 0))
     return Spec(
         constexprs={"HEAD_DIM": d, "BLOCK_D": block_d(d), "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"],
-                    "SPLIT_K": split > 0, "MERGE_BLOCK": merge_of(cfg, d)},
+                    "SPLIT_K": split > 0, "MERGE_BLOCK": merge_of(cfg, d), "KV_SEQ_MAJOR": keys[4][0]},
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         keys=tuple(keys),
         consts=(cfg["BLOCK_M"], cfg["BLOCK_N"], d, block_d(d), split, SPLIT_MIN_KEYS, int(cfg.get("FUSED_MERGE", 0))),
@@ -297,19 +301,22 @@ def _spec(type_name: str, keys: tuple[tuple[int, int], ...], cfg: dict) -> Spec:
 
 
 def _specs(type_name: str) -> list[Spec]:
-    """Per head dim: the decode spec (rows 0..DECODE_ROWS; split at DECODE_WIDE programs where the wide one
-    differs), then the prefill spec (any more rows)."""
+    """Per cache layout (heads first, then sequence first) and head dim: the decode spec (rows 0..DECODE_ROWS; split
+    at DECODE_WIDE programs where the wide one differs), then the prefill spec (any more rows)."""
     specs = []
-    for d in CAUSAL_HEAD_DIMS:
-        narrow, wide = block_config(d, type_name, DECODE_ROWS), block_config(d, type_name, DECODE_ROWS, DECODE_WIDE)
-        decode_rows = (0, DECODE_ROWS)
-        if wide == narrow:
-            specs.append(_spec(type_name, ((d, d), decode_rows, (0, ANY), (0, ANY)), narrow))
-        else:
-            specs.append(_spec(type_name, ((d, d), decode_rows, (0, DECODE_WIDE - 1), (0, ANY)), narrow))
-            specs.append(_spec(type_name, ((d, d), decode_rows, (DECODE_WIDE, ANY), (0, ANY)), wide))
-        specs.append(_spec(type_name, ((d, d), (DECODE_ROWS + 1, ANY), (0, ANY), (0, ANY)),
-                           block_config(d, type_name, DECODE_ROWS + 1)))
+    for sm in (0, 1):
+        layout = ((sm, sm),)
+        for d in CAUSAL_HEAD_DIMS:
+            narrow = block_config(d, type_name, DECODE_ROWS)
+            wide = block_config(d, type_name, DECODE_ROWS, DECODE_WIDE)
+            decode_rows = (0, DECODE_ROWS)
+            if wide == narrow:
+                specs.append(_spec(type_name, ((d, d), decode_rows, (0, ANY), (0, ANY), *layout), narrow))
+            else:
+                specs.append(_spec(type_name, ((d, d), decode_rows, (0, DECODE_WIDE - 1), (0, ANY), *layout), narrow))
+                specs.append(_spec(type_name, ((d, d), decode_rows, (DECODE_WIDE, ANY), (0, ANY), *layout), wide))
+            specs.append(_spec(type_name, ((d, d), (DECODE_ROWS + 1, ANY), (0, ANY), (0, ANY), *layout),
+                               block_config(d, type_name, DECODE_ROWS + 1)))
     return specs
 
 
@@ -324,14 +331,16 @@ DECODE_MAXNREG = 128
 
 def _tune_keys(type_name: str, shapes: list, attrs: dict, n_outputs: int = 1) -> tuple[int, ...]:
     (b, nq, s, d), k = shapes[0], shapes[1]
-    return (d, (nq // k[1]) * s, b * k[1], k[2])
+    sm = int(attrs.get("seq_major", 0))
+    nkv, t = (k[2], k[0]) if sm else (k[1], k[2])
+    return (d, (nq // nkv) * s, b * nkv, t, sm)
 
 
 def _tune_bucket(keys: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
     # a decode bucket never crosses DECODE_ROWS: the built-in split stays where a tuned one is absent
     lo, hi = pow2_bucket(keys[1])
     lo, hi = (lo, min(hi, DECODE_ROWS)) if keys[1] <= DECODE_ROWS else (max(lo, DECODE_ROWS + 1), hi)
-    return ((keys[0], keys[0]), (lo, hi), pow2_bucket(keys[2]), pow2_bucket(keys[3]))
+    return ((keys[0], keys[0]), (lo, hi), pow2_bucket(keys[2]), pow2_bucket(keys[3]), (keys[4], keys[4]))
 
 
 # The tuner's split targets: one pass, then up to one, two and four waves of the H100/H200 (split_keys rounds down).
@@ -371,10 +380,17 @@ def _tune_runner(type_name: str, shapes: list, attrs: dict, keys: tuple, config:
     b, nq, s, d = shapes[0]
     y = torch.empty((b, s, nq * d), device=device, dtype=dtype)
     scale, rows = float(attrs.get("scale", 1.0)), int(attrs.get("masked_rows", 0))
-    return lambda: causal_attention(q, k, v, kb, scale, rows, out=y, config=config)
+    sm = int(attrs.get("seq_major", 0))
+    return lambda: causal_attention(q, k, v, kb, scale, rows, out=y, config=config, seq_major=sm)
 
 
-TUNING = Tuning(keys=_tune_keys, bucket=_tune_bucket, candidates=_tune_candidates, spec=_spec, runner=_tune_runner)
+def _upgrade(keys: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    """A table from before the seq_major key (session 30): its entries are for the cache heads first."""
+    return (*keys, (0, 0)) if len(keys) == 4 else keys
+
+
+TUNING = Tuning(keys=_tune_keys, bucket=_tune_bucket, candidates=_tune_candidates, spec=_spec, runner=_tune_runner,
+                upgrade=_upgrade)
 
 
 CAUSAL_ATTENTION = OpContract(
@@ -382,11 +398,13 @@ CAUSAL_ATTENTION = OpContract(
     doc="Y[b, i, h*D:(h+1)*D] = softmax_j(Q[b,h,i] . K[b,h//G,j] * scale + key_bias[b,j], j <= T-S+i) "
         "V[b,h//G]; Q [B, Nq, S, D], K/V [B, Nkv, T, D] (the present cache), key_bias [B, T], Y [B, S, Nq*D]; "
         "a row with no key: 0 (masked_rows=0) or the mean of V (1).",
-    inputs=(IO("Q", "[B, Nq, S, D]"), IO("K", "[B, Nkv, T, D], T >= S"), IO("V", "[B, Nkv, T, D]"),
+    inputs=(IO("Q", "[B, Nq, S, D]"), IO("K", "[B, Nkv, T, D], T >= S (seq_major: [T, B, Nkv, D])"),
+            IO("V", "as K"),
             IO("key_bias", "[B, T], additive per key")),
     outputs=(IO("Y", "[B, S, Nq*D]"),),
     attrs=(Attr("scale", "float", 1.0, "multiplies Q K^T (1/sqrt(D) usually)"),
-           Attr("masked_rows", "int", 0, "a row that sees no key: 0 gives 0, 1 the mean of V over all T keys")),
+           Attr("masked_rows", "int", 0, "a row that sees no key: 0 gives 0, 1 the mean of V over all T keys"),
+           SEQ_MAJOR),
     types=("float16", "bfloat16", "float"),
     body=_body,
     reference=reference_causal_attention,

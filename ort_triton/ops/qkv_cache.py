@@ -33,14 +33,16 @@ import onnx
 from onnx import helper
 
 from ..contract import IO, Kernel, OpContract, Spec
-from .qkv_rotary_cache import BLOCK_C, heads_body, split_heads
+from .kv_layout import SEQ_MAJOR, to_heads
+from .qkv_rotary_cache import BLOCK_C, COPY_PROGRAMS, cache_in, cache_out, heads_body, presents, split_heads
 from .rotary import rope_specs
 
 KERNEL = Kernel(
     module="ort_triton.kernels.qkv_rotary_cache",  # qkv_cache_fwd: the body QKVRotaryCache's kernel runs
     fn_name="qkv_cache_fwd",
     signature={"QKV": "*{T}", "BIAS": "*{T}", "PK": "*{T}", "PV": "*{T}", "Q": "*{T}", "K": "*{T}", "V": "*{T}",
-               "NQ": "i32", "NKV": "i32", "S": "i32", "P": "i32", "D": "i32", "n_new": "i32"},
+               "NQ": "i32", "NKV": "i32", "S": "i32", "P": "i32", "D": "i32", "n_new": "i32", "B": "i32",
+               "seq_major": "i32", "copy": "i32"},
     native_plan="ot_qkv_cache_plan",
     native_params="ot_qkv_cache_params",
     dispatch_keys=("head_dim", "aligned"),
@@ -50,26 +52,28 @@ KERNEL = Kernel(
 def _specs(_type_name: str) -> list[Spec]:
     """QKVRotaryCache's blocks (Rotary's per BLOCK_D, an aligned spec then one for any, the copy block fixed),
     aligned meaning D a multiple of 16 (no cos rows here)."""
-    specs = rope_specs(("QKV", "BIAS", "PK", "PV", "Q", "K", "V"), {"BLOCK_C": BLOCK_C}, (BLOCK_C,), half=False)
+    specs = rope_specs(("QKV", "BIAS", "PK", "PV", "Q", "K", "V"), {"BLOCK_C": BLOCK_C}, (BLOCK_C, COPY_PROGRAMS),
+                       half=False)
     return [dataclasses.replace(s, divisible_by_16=tuple(a for a in s.divisible_by_16 if a not in ("cos_b", "cos_s")))
             for s in specs]
 
 
-def reference_qkv_cache(qkv, bias, past_key, past_value):
+def reference_qkv_cache(qkv, bias, past_key, past_value, seq_major=0):
     """float64 numpy reference, step by step as the decomposed graph does it."""
-    qkv, bias, past_key, past_value = (np.asarray(a, np.float64) for a in (qkv, bias, past_key, past_value))
+    qkv, bias = np.asarray(qkv, np.float64), np.asarray(bias, np.float64)
+    past_key, past_value = (to_heads(np.asarray(a, np.float64), seq_major) for a in (past_key, past_value))
     q, k, v = split_heads(qkv + bias, past_key.shape)
-    return q, np.concatenate([past_key, k], axis=2), np.concatenate([past_value, v], axis=2)
+    return (q, *presents(past_key, past_value, k, v, seq_major))
 
 
 def _body(_opset: int) -> list[onnx.NodeProto]:
     """Stock ops of opset 15 (Shape's start/end)."""
     n = helper.make_node
     return [
+        *cache_in(),
         n("Add", ["QKV", "bias"], ["qkv_b"]),
-        *heads_body("qkv_b", q_t="Q"),
-        n("Concat", ["past_key", "k_t"], ["present_key"], axis=2),
-        n("Concat", ["past_value", "v_t"], ["present_value"], axis=2),
+        *heads_body("qkv_b", q_t="Q", past="past_key_h"),
+        *cache_out("k_t", "v_t"),
     ]
 
 
@@ -79,10 +83,10 @@ QKV_CACHE = OpContract(
         "present_key = Concat(past_key, k), present_value = Concat(past_value, v) along the sequence, "
         "[B, Nkv, P + S, D]; Nkv and D from past_key.",
     inputs=(IO("QKV", "[B, S, (Nq + 2 Nkv) D]"), IO("bias", "[(Nq + 2 Nkv) D]"),
-            IO("past_key", "[B, Nkv, P, D]"), IO("past_value", "[B, Nkv, P, D]")),
-    outputs=(IO("Q", "[B, Nq, S, D]"), IO("present_key", "[B, Nkv, P + S, D]"),
-             IO("present_value", "[B, Nkv, P + S, D]")),
-    attrs=(),
+            IO("past_key", "[B, Nkv, P, D] (seq_major: [P, B, Nkv, D])"), IO("past_value", "as past_key")),
+    outputs=(IO("Q", "[B, Nq, S, D]"), IO("present_key", "[B, Nkv, P + S, D] (seq_major: [P + S, B, Nkv, D])"),
+             IO("present_value", "as present_key")),
+    attrs=(SEQ_MAJOR,),
     types=("float16", "bfloat16", "float"),
     body=_body,
     reference=reference_qkv_cache,

@@ -42,18 +42,23 @@ import onnx
 from onnx import helper
 
 from ..contract import IO, Kernel, OpContract, Spec, renamed
+from .kv_layout import SEQ_MAJOR, from_heads, heads_in, heads_out, to_heads
 from .rms_norm import RMS_NORM, reference_rms_norm, rms_norm_body
 from .rotary import ROTARY, reference_rotary, rope_specs, rotary_body
 
 # Elements of past one copy program moves: 4096 fp16 at 4 warps is 32 a thread, four 16-byte vectors.
 BLOCK_C = 4096
+# Copy programs a tensor at most with the cache sequence first (ops/kv_layout.py), each taking every n-th block: a
+# present bound over its past launches them all to find nothing to copy, so their count is bounded (about four a SM).
+COPY_PROGRAMS = 512
 
 KERNEL = Kernel(
     module="ort_triton.kernels.qkv_rotary_cache",
     fn_name="qkv_rotary_cache_fwd",
     signature={"QKV": "*{T}", "COS": "*{T}", "SIN": "*{T}", "PK": "*{T}", "PV": "*{T}", "Q": "*{T}",
                "K": "*{T}", "V": "*{T}", "NQ": "i32", "NKV": "i32", "S": "i32", "P": "i32", "D": "i32", "R": "i32",
-               "cos_b": "i32", "cos_s": "i32", "per_pair": "i32", "interleaved": "i32", "n_new": "i32"},
+               "cos_b": "i32", "cos_s": "i32", "per_pair": "i32", "interleaved": "i32", "n_new": "i32",
+               "B": "i32", "seq_major": "i32", "copy": "i32"},
     native_plan="ot_qkv_rotary_cache_plan",
     native_params="ot_qkv_rotary_cache_params",
     dispatch_keys=("head_dim", "aligned", "half_split"),
@@ -62,7 +67,7 @@ KERNEL = Kernel(
 
 def _specs(_type_name: str) -> list[Spec]:
     """Rotary's (per BLOCK_D, the half-split spec, an aligned spec, then one for any), the copy block fixed."""
-    return rope_specs(("QKV", "COS", "SIN", "PK", "PV", "Q", "K", "V"), {"BLOCK_C": BLOCK_C}, (BLOCK_C,))
+    return rope_specs(("QKV", "COS", "SIN", "PK", "PV", "Q", "K", "V"), {"BLOCK_C": BLOCK_C}, (BLOCK_C, COPY_PROGRAMS))
 
 
 def heads(qkv_shape, past_shape) -> tuple[int, int, int]:
@@ -84,26 +89,34 @@ def split_heads(qkv, past_shape):
     return tuple(t.reshape(b, s, n, d).transpose(0, 2, 1, 3) for t, n in zip(parts, (nq, nkv, nkv)))
 
 
-def reference_qkv_rotary_cache(qkv, cos, sin, past_key, past_value, interleaved=0, rotary_dim=0):
+def reference_qkv_rotary_cache(qkv, cos, sin, past_key, past_value, interleaved=0, rotary_dim=0, seq_major=0):
     """float64 numpy reference, step by step as the decomposed graph does it."""
-    qkv, past_key, past_value = (np.asarray(a, np.float64) for a in (qkv, past_key, past_value))
+    qkv = np.asarray(qkv, np.float64)
+    past_key, past_value = (to_heads(np.asarray(a, np.float64), seq_major) for a in (past_key, past_value))
     q, k, v = split_heads(qkv, past_key.shape)
     (q_rot,) = reference_rotary(q, cos, sin, interleaved, rotary_dim)
     (k_rot,) = reference_rotary(k, cos, sin, interleaved, rotary_dim)
-    return (q_rot, np.concatenate([past_key, k_rot], axis=2), np.concatenate([past_value, v], axis=2))
+    return (q_rot, *presents(past_key, past_value, k_rot, v, seq_major))
 
 
-def heads_body(qkv: str, q_t: str = "q_t") -> list[onnx.NodeProto]:
+def presents(past_key, past_value, k, v, seq_major: int):
+    """(present_key, present_value) in the op's layout from heads-first pasts and new rows (the references)."""
+    return (from_heads(np.concatenate([past_key, k], axis=2), seq_major),
+            from_heads(np.concatenate([past_value, v], axis=2), seq_major))
+
+
+def heads_body(qkv: str, q_t: str = "q_t", past: str = "past_key") -> list[onnx.NodeProto]:
     """The body nodes that split `qkv` [B, S, (Nq + 2 Nkv) D] into `q_t` [B, Nq, S, D], k_t and v_t
     [B, Nkv, S, D] (Split by sizes computed from the shapes, Reshape, Transpose; stock ops of opset 15), Nkv
-    and D from the function's past_key: QKVRotaryCache's and QKVCache's bodies (ort_triton/ops/qkv_cache.py)."""
+    and D from `past` (the function's past_key, heads first): QKVRotaryCache's and QKVCache's bodies
+    (ort_triton/ops/qkv_cache.py)."""
     n = helper.make_node
     ints = lambda name, vals: n("Constant", [], [name], value=helper.make_tensor(name, onnx.TensorProto.INT64,
                                                                                  [len(vals)], vals))
     return [
         ints("two1", [2]), ints("keep_bs", [0, 0, -1]),
         # sizes [Nq D, Nkv D, Nkv D] from the shapes: Nkv D = past_key's dims 1 x 3, Nq D the rest
-        n("Shape", ["past_key"], ["nkv"], start=1, end=2), n("Shape", ["past_key"], ["d"], start=3),
+        n("Shape", [past], ["nkv"], start=1, end=2), n("Shape", [past], ["d"], start=3),
         n("Shape", [qkv], ["width"], start=2), n("Mul", ["nkv", "d"], ["kv_w"]),
         n("Mul", ["kv_w", "two1"], ["kv_w2"]), n("Sub", ["width", "kv_w2"], ["q_w"]),
         n("Concat", ["q_w", "kv_w", "kv_w"], ["sizes"], axis=0),
@@ -118,8 +131,7 @@ def heads_body(qkv: str, q_t: str = "q_t") -> list[onnx.NodeProto]:
 
 def _body(opset: int, norm: bool = False) -> list[onnx.NodeProto]:
     """QKVRotaryCache's body; norm: QKVNormRotaryCache's, q and k RMSNorm-ed (the RMSNorm op's body) first."""
-    n = helper.make_node
-    nodes, q, k = heads_body("QKV"), "q_t", "k_t"
+    nodes, q, k = cache_in() + heads_body("QKV", past="past_key_h"), "q_t", "k_t"
     if norm:  # RMSNorm over the last axis, D, is the same before the head transpose or after it
         nodes += [*renamed(rms_norm_body("q_t", opset), "nq_", {"gamma": "q_gamma", "Y": "q_n"}),
                   *renamed(rms_norm_body("k_t", opset), "nk_", {"gamma": "k_gamma", "Y": "k_n"})]
@@ -127,9 +139,21 @@ def _body(opset: int, norm: bool = False) -> list[onnx.NodeProto]:
     return nodes + [
         *rotary_body(opset, q, "Q", prefix="rq_"),
         *rotary_body(opset, k, "k_rot", prefix="rk_"),
-        n("Concat", ["past_key", "k_rot"], ["present_key"], axis=2),
-        n("Concat", ["past_value", "v_t"], ["present_value"], axis=2),
+        *cache_out("k_rot", "v_t"),
     ]
+
+
+def cache_in() -> list[onnx.NodeProto]:
+    """The body's past_key and past_value heads first, as past_key_h and past_value_h (ops/kv_layout.py)."""
+    return heads_in([("past_key", "past_key_h"), ("past_value", "past_value_h")])
+
+
+def cache_out(k: str, v: str) -> list[onnx.NodeProto]:
+    """present_key and present_value: the heads-first pasts and new rows k, v concatenated, in the op's layout."""
+    n = helper.make_node
+    return [n("Concat", ["past_key_h", k], ["present_key_h"], axis=2),
+            n("Concat", ["past_value_h", v], ["present_value_h"], axis=2),
+            *heads_out([("present_key_h", "present_key"), ("present_value_h", "present_value")])]
 
 
 QKV_ROTARY_CACHE = OpContract(
@@ -138,10 +162,10 @@ QKV_ROTARY_CACHE = OpContract(
         "Concat(past_key, Rotary(k)), present_value = Concat(past_value, v) along the sequence, [B, Nkv, P + S, D]; "
         "Nkv and D from past_key; cos, sin and the attributes as Rotary's.",
     inputs=(IO("QKV", "[B, S, (Nq + 2 Nkv) D]"), *ROTARY.inputs[1:],
-            IO("past_key", "[B, Nkv, P, D]"), IO("past_value", "[B, Nkv, P, D]")),
-    outputs=(IO("Q", "[B, Nq, S, D]"), IO("present_key", "[B, Nkv, P + S, D]"),
-             IO("present_value", "[B, Nkv, P + S, D]")),
-    attrs=ROTARY.attrs,
+            IO("past_key", "[B, Nkv, P, D] (seq_major: [P, B, Nkv, D])"), IO("past_value", "as past_key")),
+    outputs=(IO("Q", "[B, Nq, S, D]"), IO("present_key", "[B, Nkv, P + S, D] (seq_major: [P + S, B, Nkv, D])"),
+             IO("present_value", "as present_key")),
+    attrs=(*ROTARY.attrs, SEQ_MAJOR),
     types=ROTARY.types,
     body=_body,
     reference=reference_qkv_rotary_cache,
@@ -158,7 +182,7 @@ NORM_KERNEL = Kernel(
     signature={"QKV": "*{T}", "COS": "*{T}", "SIN": "*{T}", "PK": "*{T}", "PV": "*{T}", "QG": "*{T}", "KG": "*{T}",
                "Q": "*{T}", "K": "*{T}", "V": "*{T}", "NQ": "i32", "NKV": "i32", "S": "i32", "P": "i32", "D": "i32",
                "R": "i32", "cos_b": "i32", "cos_s": "i32", "per_pair": "i32", "interleaved": "i32", "n_new": "i32",
-               "eps": "fp32"},
+               "eps": "fp32", "B": "i32", "seq_major": "i32", "copy": "i32"},
     native_plan="ot_qkv_norm_rotary_cache_plan",
     native_params="ot_qkv_norm_rotary_cache_params",
     dispatch_keys=("head_dim", "aligned", "half_split"),
@@ -166,19 +190,21 @@ NORM_KERNEL = Kernel(
 
 
 def _norm_specs(_type_name: str) -> list[Spec]:
-    return rope_specs(("QKV", "COS", "SIN", "PK", "PV", "QG", "KG", "Q", "K", "V"), {"BLOCK_C": BLOCK_C}, (BLOCK_C,))
+    return rope_specs(("QKV", "COS", "SIN", "PK", "PV", "QG", "KG", "Q", "K", "V"), {"BLOCK_C": BLOCK_C},
+                      (BLOCK_C, COPY_PROGRAMS))
 
 
 def reference_qkv_norm_rotary_cache(qkv, cos, sin, past_key, past_value, q_gamma, k_gamma, interleaved=0,
-                                    rotary_dim=0, epsilon=1e-6):
+                                    rotary_dim=0, epsilon=1e-6, seq_major=0):
     """float64 numpy reference: split, RMSNorm of each q and k head over D, then QKVRotaryCache's rotation."""
-    qkv, past_key, past_value = (np.asarray(a, np.float64) for a in (qkv, past_key, past_value))
+    qkv = np.asarray(qkv, np.float64)
+    past_key, past_value = (to_heads(np.asarray(a, np.float64), seq_major) for a in (past_key, past_value))
     q, k, v = split_heads(qkv, past_key.shape)
     (q,) = reference_rms_norm(q, q_gamma, epsilon)
     (k,) = reference_rms_norm(k, k_gamma, epsilon)
     (q_rot,) = reference_rotary(q, cos, sin, interleaved, rotary_dim)
     (k_rot,) = reference_rotary(k, cos, sin, interleaved, rotary_dim)
-    return (q_rot, np.concatenate([past_key, k_rot], axis=2), np.concatenate([past_value, v], axis=2))
+    return (q_rot, *presents(past_key, past_value, k_rot, v, seq_major))
 
 
 QKV_NORM_ROTARY_CACHE = OpContract(
@@ -188,7 +214,7 @@ QKV_NORM_ROTARY_CACHE = OpContract(
         "v); RMSNorm as the RMSNorm op's (fp32, rounded once).",
     inputs=(*QKV_ROTARY_CACHE.inputs, IO("q_gamma", "[D], q's RMSNorm weight"), IO("k_gamma", "[D], k's")),
     outputs=QKV_ROTARY_CACHE.outputs,
-    attrs=(*ROTARY.attrs, *RMS_NORM.attrs),
+    attrs=(*ROTARY.attrs, *RMS_NORM.attrs, SEQ_MAJOR),
     types=ROTARY.types,
     body=lambda opset: _body(opset, norm=True),
     reference=reference_qkv_norm_rotary_cache,

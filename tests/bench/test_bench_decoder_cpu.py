@@ -168,3 +168,18 @@ def test_decode_counts_the_cache_copy_apart():
     assert r["bytes_min"] == least and r["bytes_cache_copy"] == 2 * cache
     assert r["ceiling_fraction"] == pytest.approx(least / 2e-3 / 4080e9)
     assert r["ceiling_fraction_with_copy"] == pytest.approx((least + 2 * cache) / 2e-3 / 4080e9)
+
+
+def test_seq_major_runtime_gives_the_same_logits():
+    """ort_triton_seq_static (the cache sequence first, each present bound over its past) on CPU through the function
+    bodies: the float32 reference's logits at prefill and decode, and the same as ort_triton_static's."""
+    rows = decoder.bench("llama-tiny", [(2, 9)], [(2, 20)], ["ort_triton_static", "ort_triton_seq_static"],
+                         dtype="float32", device="cpu", warmup=1, iters=2, log=lambda s: None)
+    by = {(r["runtime"], r["phase"]): r for r in rows}
+    for phase in ("prefill", "decode"):
+        seq, heads = by[("ort_triton_seq_static", phase)], by[("ort_triton_static", phase)]
+        assert seq["status"] == "ok", seq
+        assert seq["rel_diff_last_logits"] < 1e-5 and seq["top1_agreement"] == 1.0, seq
+        assert abs(seq["max_abs_diff_last_logits"] - heads["max_abs_diff_last_logits"]) < 1e-5
+    assert decoder.runtime("ort_triton_seq_cuda_graph").kv_cache == "seq-major"
+    assert decoder.runtime("ort_triton_seq_static").key() != decoder.runtime("ort_triton_static").key()

@@ -27,14 +27,16 @@ ANY = 1 << 62
 
 
 def spec_ranges(type_name):
-    """The built-in specs' (head dim, rows, B * Nkv) ranges in table order: per head dim the decode spec (two, below
-    and from DECODE_WIDE programs, where the wide config differs), then the prefill spec."""
+    """The built-in specs' (head dim, rows, B * Nkv, seq_major) ranges in table order: per cache layout (heads first,
+    then sequence first) and head dim the decode spec (two, below and from DECODE_WIDE programs, where the wide
+    config differs), then the prefill spec."""
     out = []
-    for d in CAUSAL_HEAD_DIMS:
-        wide = block_config(d, type_name, DECODE_ROWS, DECODE_WIDE) != block_config(d, type_name, DECODE_ROWS)
-        for programs in ((0, DECODE_WIDE - 1), (DECODE_WIDE, ANY)) if wide else ((0, ANY),):
-            out.append(((d, d), (0, DECODE_ROWS), programs))
-        out.append(((d, d), (DECODE_ROWS + 1, ANY), (0, ANY)))
+    for sm in (0, 1):
+        for d in CAUSAL_HEAD_DIMS:
+            wide = block_config(d, type_name, DECODE_ROWS, DECODE_WIDE) != block_config(d, type_name, DECODE_ROWS)
+            for programs in ((0, DECODE_WIDE - 1), (DECODE_WIDE, ANY)) if wide else ((0, ANY),):
+                out.append(((d, d), (0, DECODE_ROWS), programs, (sm, sm)))
+            out.append(((d, d), (DECODE_ROWS + 1, ANY), (0, ANY), (sm, sm)))
     return out
 
 
@@ -87,10 +89,11 @@ def test_table_holds_a_decode_and_a_prefill_spec_per_head_dim(lib, elem_type):
         assert lib.ort_triton_spec_info(i, s, msg, len(msg)) == 0
         keys.append(re.match(r"kernel=causal_attention_fwd keys=(\S+)", msg.value.decode()).group(1))
     any_ = f"0:{ANY}"  # T: any, in the built-in specs
-    want = [",".join(f"{lo}:{hi}" for lo, hi in r) + f",{any_}" for r in spec_ranges(TYPE_NAMES[elem_type])]
+    want = [",".join(f"{lo}:{hi}" for lo, hi in r[:3]) + f",{any_},{r[3][0]}:{r[3][1]}"
+            for r in spec_ranges(TYPE_NAMES[elem_type])]
     assert keys == want
     # a wide decode spec where one was measured: fp16 and bf16 at BLOCK_D 64 (ops/causal_attention.py, _WIDE_STAGES)
-    assert (f"64:64,0:{DECODE_ROWS},{DECODE_WIDE}:{ANY},{any_}" in keys) == (elem_type != FLOAT)
+    assert (f"64:64,0:{DECODE_ROWS},{DECODE_WIDE}:{ANY},{any_},0:0" in keys) == (elem_type != FLOAT)
 
 
 @pytest.mark.parametrize("elem_type", [FLOAT, FLOAT16, BFLOAT16])
