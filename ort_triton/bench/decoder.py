@@ -189,6 +189,12 @@ class OrtRuntime:
             for out in self.sess.get_outputs():
                 io.bind_output(out.name, device)
 
+        return self._bound_run(io, ro, keep)
+
+    def _bound_run(self, io, ro, keep: list):
+        """The runner of a session bound by `io` (run options `ro`; `keep`: the buffers it must outlive), with
+        .logits(): one run, then the first output (the logits) on the host."""
+
         def run():
             self.sess.run_with_iobinding(io, ro)
 
@@ -517,15 +523,7 @@ class OrtTritonSeqMajorStatic(OrtTritonStatic):
             self.graph_ids += 1
             ro.add_run_config_entry("gpu_graph_id", str(self.graph_ids))
 
-        def run():
-            self.sess.run_with_iobinding(io, ro)
-
-        def logits():
-            run()
-            return io.get_outputs()[0].numpy()
-
-        run.keep, run.logits = keep, logits
-        return run
+        return self._bound_run(io, ro, keep)
 
 
 class OrtTritonSeqMajorCudaGraph(OrtTritonSeqMajorStatic):
