@@ -53,7 +53,7 @@ def test_a_config_names_the_cap():
     """CausalAttention's spec takes `maxnreg` from a config (a tuning table's, or a candidate's)."""
     from ort_triton.ops import causal_attention as ca
 
-    keys = ((64, 64), (0, ca.DECODE_ROWS), (0, ca.ANY), (0, ca.ANY))
+    keys = ((64, 64), (0, ca.DECODE_ROWS), (0, ca.ANY), (0, ca.ANY), (0, 0))
     cfg = ca.block_config(64, "float16", ca.DECODE_ROWS)
     assert ca._spec("float16", keys, cfg).maxnreg is None
     capped = ca._spec("float16", keys, dict(cfg, maxnreg=168))
@@ -75,5 +75,5 @@ def test_decode_candidates_carry_the_cap():
     assert len({tuple(sorted(c.items())) for c in decode}) == len(decode)
     prefill = ca.TUNING.candidates("float16", (64, 512, 8, 512), 90)
     assert not any("maxnreg" in c for c in prefill)
-    keys = ((64, 64), (0, ca.DECODE_ROWS), (0, ca.ANY), (0, ca.ANY))
+    keys = ((64, 64), (0, ca.DECODE_ROWS), (0, ca.ANY), (0, ca.ANY), (0, 0))
     assert all(ca.TUNING.spec("float16", keys, c).maxnreg == c.get("maxnreg") for c in decode)

@@ -123,7 +123,7 @@ def test_a_layer_fuses_with_its_bias(kw):
     node = next(n for n in out.graph.node if n.op_type == "QKVCache")
     assert list(node.input) == ["mm", "b", "past_key", "past_value"]
     assert list(node.output) == [o.name for o in out.graph.output] == ["Q", "present_key", "present_value"]
-    assert not node.attribute
+    assert {a.name: a.i for a in node.attribute} == {"seq_major": 0}  # the cache heads first (ops/kv_layout.py)
     _assert_same(m, out, [_feeds(m)])
     # and again: nothing left to fuse, the model unchanged
     again, rep2, st2 = _fused(out)

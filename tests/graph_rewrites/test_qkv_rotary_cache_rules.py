@@ -95,7 +95,7 @@ def test_a_layer_fuses_unless_disabled():
     (node,) = out.graph.node
     assert list(node.input) == ["qkv", "cos", "sin", "past_key", "past_value"]
     assert list(node.output) == [o.name for o in out.graph.output] == ["Q", "present_key", "present_value"]
-    assert {a.name: a.i for a in node.attribute} == {"interleaved": 0, "rotary_dim": D}
+    assert {a.name: a.i for a in node.attribute} == {"interleaved": 0, "rotary_dim": D, "seq_major": 0}
     _assert_same(m, out, [_feeds(m)])
 
 
