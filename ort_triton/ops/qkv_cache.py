@@ -9,12 +9,14 @@ in one op.
     present_key   = Concat(past_key, Transpose(k as [B, S, Nkv, D]), axis 2)                    [B, Nkv, P + S, D]
     present_value = Concat(past_value, Transpose(v as [B, S, Nkv, D]), axis 2)                  [B, Nkv, P + S, D]
 
-Nkv and D are past_key's dims 1 and 3, Nq what the rest of QKV's last dim holds, as QKVRotaryCache's
-(ort_triton/ops/qkv_rotary_cache.py): no attributes, so a node cannot disagree with its inputs.
+Nkv and D are past_key's dims 1 and 3 (seq_major: 2 and 3), Nq what the rest of QKV's last dim holds, as
+QKVRotaryCache's (ort_triton/ops/qkv_rotary_cache.py): no head attributes, so a node cannot disagree with its
+inputs; seq_major is the cache's layout (ops/kv_layout.py).
 
 Why one op: a GPT-2 decode step ran seven launch-bound kernels a layer here (the bias Add, the Split, three
 Transposes, the two cache Concats) for a few KB of new rows; the past's copy into present is the only real
-traffic, and it stays (the graph's cache is functional: present is a new tensor).
+traffic, and it stays (the graph's cache is functional: present is a new tensor) unless present is bound over its
+past in the sequence-first layout.
 
 The body is the original's subgraph in stock ops (Add, then QKVRotaryCache's Split, Reshapes and
 Transposes, then the Concats), so a fused model on ORT CPU gives the original's bits.

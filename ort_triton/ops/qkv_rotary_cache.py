@@ -7,14 +7,15 @@
     present_key   = Concat(past_key, Rotary(Transpose(k as [B, S, Nkv, D])), axis 2)    [B, Nkv, P + S, D]
     present_value = Concat(past_value, Transpose(v as [B, S, Nkv, D]), axis 2)          [B, Nkv, P + S, D]
 
-Nkv and D are past_key's dims 1 and 3, Nq what the rest of QKV's last dim holds: the op needs no head
-attributes, so a node cannot disagree with its inputs. The rotary attributes and maths are Rotary's
+Nkv and D are past_key's dims 1 and 3 (seq_major: 2 and 3), Nq what the rest of QKV's last dim holds: the op needs
+no head attributes, so a node cannot disagree with its inputs. The rotary attributes and maths are Rotary's
 (ort_triton/ops/rotary.py), applied to q and k with the same cos and sin.
 
 Why one op: after packing, a decode step of a Llama layer ran six launch-bound kernels here (the Split, two
 Rotary or TransposeRotary, V's Transpose, the two cache Concats), 1.5-2 us each on the H200 for a few KB
 of new rows; the past's copy into present is the only real traffic, and it stays (the graph's cache is
-functional: present is a new tensor).
+functional: present is a new tensor), unless the cache is laid out sequence first (seq_major) and the caller
+binds present over past: then the kernel writes the new rows only (ops/kv_layout.py).
 
 The body is the original's subgraph in stock ops (Split by sizes computed from the shapes, Reshape,
 Transpose, Rotary's body on q and on k, Concat), so a fused model on ORT CPU gives the original's bits.
