@@ -57,7 +57,7 @@ def _bypass_copies(graph: ir.Graph, writer: ir.Node) -> None:
             graph.remove(node, safe=True)
 
 
-def _check(graph: ir.Graph, writer: ir.Node) -> str | tuple[list[ir.Node], list[ir.Node]]:
+def _check(writer: ir.Node) -> str | tuple[list[ir.Node], list[ir.Node]]:
     """(the past's Shape readers, the attentions reading the presents) of one cache op, or why it stays."""
     shapes, readers = [], []
     for name in ("past_key", "past_value"):
@@ -131,7 +131,7 @@ def relay_seq_major(model: ir.Model) -> tuple[int, list[str]]:
     perm = None
     for writer in writers:
         _bypass_copies(graph, writer)
-        found = _check(graph, writer)
+        found = _check(writer)
         if isinstance(found, str):
             reasons.append(found)
             continue

@@ -49,13 +49,8 @@ int ot_causal_attention_plan(const ot_op *op, const ot_desc *in, int n_inputs, i
              n_inputs, n_outputs, op->n_attrs);
     return 1;
   }
-  const double seq_major = attrs[ATTR_SEQ_MAJOR];
-  if (seq_major != 0 && seq_major != 1) {
-    snprintf(err, err_len, "attribute seq_major is %g; it must be 0 (K, V [B, Nkv, T, D]) or 1 ([T, B, Nkv, D])",
-             seq_major);
-    return 1;
-  }
-  const int sm = seq_major == 1;
+  const int sm = ot_kv_seq_major(attrs[ATTR_SEQ_MAJOR], "K, V [B, Nkv, T, D]", "[T, B, Nkv, D]", err, err_len);
+  if (sm < 0) return 1;
   const char *kv_layout = sm ? "[T, B, Nkv, D] (seq_major)" : "[B, Nkv, T, D]";
   if (ot_check_rank(op, in, IN_Q, 4, "[B, Nq, S, D]", err, err_len) ||
       ot_check_rank(op, in, IN_K, 4, kv_layout, err, err_len) || ot_check_rank(op, in, IN_V, 4, kv_layout, err, err_len))

@@ -157,6 +157,12 @@ int ot_grid_programs(int64_t rows, int64_t block_m, int64_t batch, int64_t heads
   return 0;
 }
 
+int ot_kv_seq_major(double seq_major, const char *heads_first, const char *seq_first, char *err, size_t err_len) {
+  if (seq_major == 0 || seq_major == 1) return seq_major == 1;
+  snprintf(err, err_len, "attribute seq_major is %g; it must be 0 (%s) or 1 (%s)", seq_major, heads_first, seq_first);
+  return -1;
+}
+
 int64_t ot_k_align(int64_t k) {
   int64_t a = 1;
   while (a < 4096 && k % (2 * a) == 0) a *= 2;

@@ -64,6 +64,11 @@ int ot_rotary_cos(const ot_op *op, const ot_desc *in, int in_x, int in_cos, int 
  * spec that loads whole BLOCK_K tiles unmasked needs BLOCK_K to divide K (Linear's and AddRMSNorm*'s K_ALIGN key). */
 int64_t ot_k_align(int64_t k);
 
+/* The seq_major attribute of the ops that write or read a KV cache (ops/kv_layout.py): 1 for the cache sequence first,
+ * 0 heads first; any other value writes the error, naming both layouts as the op describes them (heads_first,
+ * seq_first), and returns -1. */
+int ot_kv_seq_major(double seq_major, const char *heads_first, const char *seq_first, char *err, size_t err_len);
+
 /* storage holds OT_MAX_PARAMS 8-byte slots; parameter i gets slot i, and cuLaunchKernel reads from it as
  * many bytes as the kernel's signature says (8 for pointers, 4 for int32/float32). */
 void ot_put_param(uint64_t *slots, void **params, int i, const void *value, size_t size);

@@ -47,14 +47,11 @@ static int shape_of(const ot_op *op, const qkv_op *k, const ot_desc *in, const d
   const ot_desc *qkv = &in[k->qkv], *pk = &in[k->past_key], *pv = &in[k->past_value];
   const char *qn = op->inputs[k->qkv].name, *kn = op->inputs[k->past_key].name;
   char a[160], b[160];
-  const double seq_major = attrs[k->attr_seq_major];
-  if (seq_major != 0 && seq_major != 1) {
-    snprintf(err, err_len, "attribute seq_major is %g; it must be 0 (the cache [B, kv_num_heads, P, head_dim]) or 1 "
-                           "([P, B, kv_num_heads, head_dim])", seq_major);
-    return 1;
-  }
+  const int sm = ot_kv_seq_major(attrs[k->attr_seq_major], "the cache [B, kv_num_heads, P, head_dim]",
+                                 "[P, B, kv_num_heads, head_dim]", err, err_len);
+  if (sm < 0) return 1;
   /* dims of past_key by role: batch, kv heads, positions */
-  const int sm = seq_major == 1, dim_b = sm ? 1 : 0, dim_n = sm ? 2 : 1, dim_p = sm ? 0 : 2;
+  const int dim_b = sm ? 1 : 0, dim_n = sm ? 2 : 1, dim_p = sm ? 0 : 2;
   if (qkv->rank != 3 || qkv->dims[0] < 0 || qkv->dims[1] < 0 || qkv->dims[2] < 0) {
     snprintf(err, err_len, "input %s has shape %s; it must be [B, S, (num_heads + 2 * kv_num_heads) * head_dim]", qn,
              ot_shape_text(qkv, a, sizeof a));
