@@ -36,17 +36,21 @@ import onnx
 import onnxruntime as ort
 
 from ort_triton import decoders
+from ort_triton.ops.kv_layout import seq_major_names
 
 
 def greedy_io_binding(session, config, input_ids: np.ndarray, steps: int, attention_mask=None,
                       device: str = "cuda", device_id: int = 0, forced: np.ndarray | None = None,
-                      record: list | None = None, seq_major: bool = False) -> np.ndarray:
+                      record: list | None = None, seq_major: bool | None = None) -> np.ndarray:
     """`decoders.greedy` with preallocated cache buffers bound through IO binding (see the module doc).
     forced [B, steps]: feed these tokens instead of the argmax (teacher forcing); record: gets each step's
     last-position logits (float32 [B, vocab]); seq_major: the model's cache is [T, B, Nkv, D], one buffer a tensor
-    that each present is bound over its past in."""
+    that each present is bound over its past in; None: each cache tensor as the model's metadata says
+    (`ort-triton optimize --kv-cache seq-major` names the tensors it relaid)."""
     layers, kv, head_dim = decoders.cache_spec(config)
     past_names, present_names = decoders.input_names(config)[2:], decoders.output_names(config)[1:]
+    relaid = seq_major_names(session.get_modelmeta().custom_metadata_map)
+    seq = [(p in relaid and q in relaid) if seq_major is None else seq_major for p, q in zip(past_names, present_names)]
     ort_type = next(i.type for i in session.get_inputs() if i.name == past_names[0])
     dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16}[ort_type]
     batch, prompt = input_ids.shape
@@ -54,14 +58,16 @@ def greedy_io_binding(session, config, input_ids: np.ndarray, steps: int, attent
     # heads first, two ping-pong buffers per cache tensor: [B, kv, P, D] contiguous is a prefix of the buffer for
     # every P; sequence first, one: [P, B, kv, D] is the first P rows of [P + S, B, kv, D], so present holds past
     buffers = [[ort.OrtValue.ortvalue_from_shape_and_type([capacity], dtype, device, device_id)
-                for _ in range(1 if seq_major else 2)] for _ in past_names]
-    shape = (lambda t: [t, batch, kv, head_dim]) if seq_major else (lambda t: [batch, kv, t, head_dim])
+                for _ in range(1 if s else 2)] for s in seq]
+
+    def shape(t, s):
+        return [t, batch, kv, head_dim] if s else [batch, kv, t, head_dim]
+
     ids = np.ascontiguousarray(input_ids, dtype=np.int64)
     mask = np.ones_like(ids) if attention_mask is None else np.ascontiguousarray(attention_mask, dtype=np.int64)
     binding = session.io_binding()
     past, tokens = 0, []
     for step in range(steps):
-        read, write = (0, 0) if seq_major else (step % 2, 1 - step % 2)
         total = past + ids.shape[1]
         binding.clear_binding_inputs()
         binding.clear_binding_outputs()
@@ -69,8 +75,9 @@ def greedy_io_binding(session, config, input_ids: np.ndarray, steps: int, attent
         binding.bind_cpu_input("attention_mask", mask)
         binding.bind_output("logits", device, device_id)  # ORT allocates it: its length changes after prefill
         for i, (p, q) in enumerate(zip(past_names, present_names)):
-            binding.bind_input(p, device, device_id, dtype, shape(past), buffers[i][read].data_ptr())
-            binding.bind_output(q, device, device_id, dtype, shape(total), buffers[i][write].data_ptr())
+            read, write = (0, 0) if seq[i] else (step % 2, 1 - step % 2)
+            binding.bind_input(p, device, device_id, dtype, shape(past, seq[i]), buffers[i][read].data_ptr())
+            binding.bind_output(q, device, device_id, dtype, shape(total, seq[i]), buffers[i][write].data_ptr())
         session.run_with_iobinding(binding)
         logits = binding.get_outputs()[0].numpy()  # outputs in binding order: logits first
         token = logits[:, -1].argmax(-1).astype(np.int64)[:, None]
@@ -84,14 +91,13 @@ def greedy_io_binding(session, config, input_ids: np.ndarray, steps: int, attent
     return np.concatenate(tokens, axis=1)
 
 
-def near_ties(ref_session, session, config, ids, mask, tokens, device, seq_major: bool = False) -> bool:
+def near_ties(ref_session, session, config, ids, mask, tokens, device) -> bool:
     """Both sessions fed the reference's tokens (teacher forcing): at each step where their argmax differs,
     print the reference's top-2 margin and the largest logit difference of the step. True when every
     disagreement is a near-tie (margin below that difference): rounding, not a wrong result."""
     ref, ours = [], []
     greedy_io_binding(ref_session, config, ids, tokens.shape[1], mask, device=device, forced=tokens, record=ref)
-    greedy_io_binding(session, config, ids, tokens.shape[1], mask, device=device, forced=tokens, record=ours,
-                      seq_major=seq_major)
+    greedy_io_binding(session, config, ids, tokens.shape[1], mask, device=device, forced=tokens, record=ours)
     diffs = [float(np.abs(a - b).max()) for a, b in zip(ref, ours)]
     ties = True
     for step, (a, b, diff) in enumerate(zip(ref, ours, diffs)):
@@ -107,17 +113,15 @@ def near_ties(ref_session, session, config, ids, mask, tokens, device, seq_major
     return ties
 
 
-def against_fp32(sessions, config, ids, mask, want, device, seq_major: frozenset = frozenset()) -> None:
+def against_fp32(sessions, config, ids, mask, want, device) -> None:
     """Each session against torch's fp32 tokens `want` [B, steps]: the steps its free-running greedy tokens stay
     identical to fp32's (per row), and, fed fp32's tokens (teacher forcing), how many of its next-token argmaxes
     are fp32's. Random-weight models have near-ties that fp16 rounding breaks either way; this says whether
-    ort_triton's kernels break them more often than stock ORT's. seq_major: the labels whose cache is sequence
-    first."""
+    ort_triton's kernels break them more often than stock ORT's."""
     steps = want.shape[1]
     for label, (session, tokens) in sessions.items():
         same = [int(np.argmax(row != ref)) if (row != ref).any() else steps for row, ref in zip(tokens, want)]
-        forced = greedy_io_binding(session, config, ids, steps, mask, device=device, forced=want,
-                                   seq_major=label in seq_major)
+        forced = greedy_io_binding(session, config, ids, steps, mask, device=device, forced=want)
         agree = int((forced == want).sum())
         print(f"{label} against torch (fp32): identical for the first {same} steps of each row; teacher-forced "
               f"along fp32's tokens, next-token argmax equal to fp32's at {agree} of {want.size} steps")
@@ -205,8 +209,8 @@ def main(argv=None) -> int:
                                max_new_tokens=args.steps, do_sample=False)
         results["torch (fp32)"] = want[:, ids.shape[1]:].numpy(), secs
     device = "cuda" if args.cuda else "cpu"
-    seq_major = frozenset({"ORT + ort_triton"} if args.optimize and args.kv_cache == "seq-major" else ())
-    io_binding = args.cuda or args.io_binding or bool(seq_major)  # one loop for every runtime, to compare alike
+    seq_major = args.optimize and args.kv_cache == "seq-major"  # decoders.greedy feeds a cache heads first
+    io_binding = args.cuda or args.io_binding or seq_major  # one loop for every runtime, to compare alike
     sessions = {}
     for label, onnx_model in variants.items():
         if args.cuda:
@@ -221,10 +225,8 @@ def main(argv=None) -> int:
             session = ort.InferenceSession(onnx_model, providers=["CPUExecutionProvider"])
         sessions[label] = session
         if io_binding:
-            sm = label in seq_major
-            greedy_io_binding(session, model.config, ids, 2, mask, device=device, seq_major=sm)  # warm-up
-            tokens, secs = timed(greedy_io_binding, session, model.config, ids, args.steps, mask, device=device,
-                                 seq_major=sm)
+            greedy_io_binding(session, model.config, ids, 2, mask, device=device)  # warm-up
+            tokens, secs = timed(greedy_io_binding, session, model.config, ids, args.steps, mask, device=device)
         else:
             tokens, secs = timed(decoders.greedy, session, model.config, ids, args.steps, attention_mask=mask)
         results[label] = tokens, secs
@@ -235,7 +237,7 @@ def main(argv=None) -> int:
             print(f"    {' '.join(map(str, row))}")
     if "torch (fp32)" in results and io_binding:
         against_fp32({label: (sessions[label], results[label][0]) for label in variants}, model.config, ids, mask,
-                     results["torch (fp32)"][0], device, seq_major)
+                     results["torch (fp32)"][0], device)
     ref_label = "ORT"
     ok = True
     for label, (tokens, _) in results.items():
@@ -246,7 +248,7 @@ def main(argv=None) -> int:
                 ok &= same
                 if not same and io_binding:  # why: a wrong kernel, or fp16 rounding at a tie?
                     near_ties(sessions[ref_label], sessions[label], model.config, ids, mask,
-                              results[ref_label][0], device, label in seq_major)
+                              results[ref_label][0], device)
     return 0 if ok else 1
 
 

@@ -23,7 +23,7 @@ import onnx_ir as ir
 
 from ort_triton.contract import DOMAIN
 from ort_triton.ops import BY_NAME as OPS
-from ort_triton.ops.kv_layout import TO_HEADS, TO_SEQ
+from ort_triton.ops.kv_layout import METADATA_KEY, TO_HEADS, TO_SEQ, seq_major_names
 
 WRITERS = ("QKVRotaryCache", "QKVNormRotaryCache", "QKVCache")
 READER = "CausalAttention"
@@ -90,9 +90,10 @@ def _check(writer: ir.Node) -> str | tuple[list[ir.Node], list[ir.Node]]:
     return shapes, readers
 
 
-def _permuted(value: ir.Value, perm) -> None:
+def _permuted(value: ir.Value, perm) -> str:
     dims = list(value.shape)
     value.shape = ir.Shape([dims[p] for p in perm])
+    return value.name
 
 
 def _const(graph: ir.Graph, name: str, values) -> ir.Value:
@@ -127,7 +128,7 @@ def relay_seq_major(model: ir.Model) -> tuple[int, list[str]]:
     reasons the others stay heads first)."""
     graph = model.graph
     writers = [n for n in graph if _ours(n, WRITERS)]
-    done, reasons, shapes = 0, [], []
+    done, reasons, shapes, relaid = 0, [], [], []
     perm = None
     for writer in writers:
         _bypass_copies(graph, writer)
@@ -139,13 +140,16 @@ def relay_seq_major(model: ir.Model) -> tuple[int, list[str]]:
         for node in (writer, *readers):
             node.attributes["seq_major"] = ir.AttrInt64("seq_major", 1)
         for name in ("past_key", "past_value"):
-            _permuted(writer.inputs[_index(writer.op_type, name)], TO_SEQ)
+            relaid.append(_permuted(writer.inputs[_index(writer.op_type, name)], TO_SEQ))
         for name in ("present_key", "present_value"):
-            _permuted(writer.outputs[_index(writer.op_type, name, outputs=True)], TO_SEQ)
+            relaid.append(_permuted(writer.outputs[_index(writer.op_type, name, outputs=True)], TO_SEQ))
         shapes += past_shapes
         done += 1
     for n, shape in enumerate(dict.fromkeys(shapes)):  # a Shape may read a past two layers share: once
         if perm is None:
             perm = _const(graph, "kv_seq_major__ot_heads_first_perm", list(TO_HEADS))
         _heads_first_shape(graph, shape, perm, n)
+    if relaid:  # the model's interface changed: say which tensors, for its callers (ops/kv_layout.seq_major_names)
+        names = seq_major_names(model.metadata_props) | set(relaid)
+        model.metadata_props[METADATA_KEY] = ",".join(sorted(names))
     return done, reasons

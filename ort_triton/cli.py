@@ -246,8 +246,9 @@ def cmd_optimize(args) -> int:
 
 
 # ---- compare ------------------------------------------------------------------------------------
-def _parse_inputs(text: str | None) -> tuple[dict | None, int, int]:
-    """--inputs: an .npz of named arrays, or BATCHxSEQ for random inputs (default 2x16)."""
+def _parse_inputs(text: str | None) -> tuple[dict | None, int, int, int | None]:
+    """--inputs: an .npz of named arrays, or BATCHxSEQ[+PAST] for random inputs (default 2x16; a decoder's cache
+    then holds PAST positions, SEQ when not given)."""
     if text and text.endswith(".npz"):
         import numpy as np
 
@@ -255,25 +256,30 @@ def _parse_inputs(text: str | None) -> tuple[dict | None, int, int]:
         if not path.is_file():
             raise UserError(f"{path}: no such file")
         with np.load(path) as data:
-            return {k: data[k] for k in data.files}, 0, 0
+            return {k: data[k] for k in data.files}, 0, 0, None
     try:
-        batch, seq = (int(v) for v in (text or "2x16").lower().split("x"))
+        shape, _, past = (text or "2x16").lower().partition("+")
+        batch, seq = (int(v) for v in shape.split("x"))
+        past = int(past) if past else None
+        if min(batch, seq, past or 0) < 0 or not batch or not seq:
+            raise ValueError
     except ValueError:
-        raise UserError(f"--inputs takes BATCHxSEQ (e.g. 2x16) or an .npz file, not {text!r}") from None
-    return None, batch, seq
+        raise UserError(f"--inputs takes BATCHxSEQ or BATCHxSEQ+PAST (e.g. 2x16, or 2x1+64 for a decode step over 64 "
+                        f"cached positions) or an .npz file, not {text!r}") from None
+    return None, batch, seq, past
 
 
 def cmd_compare(args) -> int:
     from .compare import compare_models
 
     con = _console(args)
-    feeds, batch, seq = _parse_inputs(args.inputs)
+    feeds, batch, seq, past = _parse_inputs(args.inputs)
     a, b = pathlib.Path(args.reference), pathlib.Path(args.candidate)
     for path in (a, b):  # a clear message for a missing or broken file; ORT then reads each path itself
         _check_model(path)
     try:
-        diffs, used = compare_models(a, b, device=args.device, batch=batch, seq=seq, rtol=args.rtol, atol=args.atol,
-                                     feeds=feeds)
+        diffs, used = compare_models(a, b, device=args.device, batch=batch, seq=seq, past=past, rtol=args.rtol,
+                                     atol=args.atol, feeds=feeds)
     except Exception as e:  # noqa: BLE001  (ORT raises its own types for bad feeds, missing providers...)
         raise UserError(f"could not run the models: {type(e).__name__}: {str(e)[:400]}") from None
     table = Table(title=f"{args.candidate} vs {args.reference} ({args.device}; inputs "
@@ -426,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     c.add_argument("--rtol", type=float, default=1e-4, help="relative to the output's largest magnitude")
     c.add_argument("--atol", type=float, default=0.0)
-    c.add_argument("--inputs", help="BATCHxSEQ for random inputs (default 2x16), or an .npz of named arrays")
+    c.add_argument("--inputs", help="BATCHxSEQ[+PAST] for random inputs (default 2x16; a decoder's KV cache holds PAST "
+                   "positions, SEQ when not given), or an .npz of named arrays")
     c.set_defaults(func=cmd_compare)
 
     b = sub.add_parser("build", help="compile the kernels and the native library (no GPU needed)")

@@ -87,15 +87,32 @@ def random_normal(rng, shape, ort_type: str) -> np.ndarray:
     return rng.normal(size=shape).astype(dtype)
 
 
-def random_inputs(session, batch: int, seq: int, vocab: int | dict, seed: int = 0) -> dict:
-    """Inputs for a session, by name. Static dims are kept; a symbolic dim becomes `batch` when it is
-    the first and `seq` otherwise. Integer inputs named like a mask get ones with the last row padded
-    from seq // 2 on; other integer inputs ids below `vocab` (per input name when a dict, else 2); float
-    inputs (pixel_values, hidden states) normal noise."""
+def _dim(dim, axis: int, batch: int, seq: int, past: int) -> int:
+    """A symbolic dim's size by its name: a sum or a total (a decoder's mask and presents, 'past + seq') past + seq,
+    a past (its cache inputs) past, a batch batch, a sequence seq; any other name (torch.export's s53) or none by
+    its place: the first dim batch, the others seq."""
+    name = str(dim or "").lower()
+    if "+" in name or "total" in name:
+        return past + seq
+    if "past" in name or "cache" in name:
+        return past
+    if "batch" in name:
+        return batch
+    if "seq" in name or "len" in name:
+        return seq
+    return batch if axis == 0 else seq
+
+
+def random_inputs(session, batch: int, seq: int, vocab: int | dict, seed: int = 0, past: int | None = None) -> dict:
+    """Inputs for a session, by name. Static dims are kept; symbolic ones are sized by their names (`_dim`: a
+    decoder's cache inputs get `past` positions, seq when None, its mask past + seq). Integer inputs named like a
+    mask get ones with the last row padded from its middle on; other integer inputs ids below `vocab` (per input
+    name when a dict, else 2); float inputs (pixel_values, hidden states, a KV cache) normal noise."""
     rng = np.random.default_rng(seed)
+    past = seq if past is None else past
     feeds = {}
     for inp in session.get_inputs():
-        shape = [d if isinstance(d, int) else (batch if i == 0 else seq) for i, d in enumerate(inp.shape)]
+        shape = [d if isinstance(d, int) else _dim(d, i, batch, seq, past) for i, d in enumerate(inp.shape)]
         if "float" in inp.type:
             feeds[inp.name] = random_normal(rng, shape, inp.type)
         elif "mask" in inp.name:
@@ -126,14 +143,24 @@ def index_ranges(model) -> dict[str, int]:
     return ranges
 
 
-def compare_models(a, b, *, device: str = "cpu", batch: int = 2, seq: int = 16, rtol: float = 1e-4,
-                   atol: float = 0.0, feeds: dict | None = None, seed: int = 0) -> tuple[list[OutputDiff], dict]:
-    """Run model a (the reference) and b on the same inputs: given ones, else random (token ids below
-    each table's length, a padded attention mask, normal floats). Returns the per-output diffs and the
-    inputs used. `device` "cuda" runs both on the CUDA EP, b with the ort_triton library. a and b are
-    onnx.ModelProto or paths; ORT reads a path itself, with its external data, at any size."""
+def _seq_major(session) -> set[str]:
+    from .ops.kv_layout import seq_major_names
+
+    return seq_major_names(session.get_modelmeta().custom_metadata_map)
+
+
+def compare_models(a, b, *, device: str = "cpu", batch: int = 2, seq: int = 16, past: int | None = None,
+                   rtol: float = 1e-4, atol: float = 0.0, feeds: dict | None = None,
+                   seed: int = 0) -> tuple[list[OutputDiff], dict]:
+    """Run model a (the reference) and b on the same inputs: given ones, else random (token ids below each table's
+    length, a padded attention mask, normal floats, a decoder's cache of `past` positions, seq when None). Returns
+    the per-output diffs and the inputs used (in a's layout). `device` "cuda" runs both on the CUDA EP, b with the
+    ort_triton library. a and b are onnx.ModelProto or paths; ORT reads a path itself, with its external data, at
+    any size. A KV cache one model lays out sequence first (`ort-triton optimize --kv-cache seq-major`, named in
+    its metadata) is fed and read back transposed, so either layout compares against either."""
     import onnx
 
+    from .ops.kv_layout import TO_HEADS, TO_SEQ
     from .runtime import inference_session, make_session
 
     providers = ["CUDAExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
@@ -142,9 +169,16 @@ def compare_models(a, b, *, device: str = "cpu", batch: int = 2, seq: int = 16, 
     cand = make_session(pathlib.Path(b) if isinstance(b, (str, os.PathLike)) else b, providers=providers)
     if feeds is None:
         graph_a = onnx.load(os.fspath(a), load_external_data=False) if path_a else a  # dims are enough
-        feeds = random_inputs(ref, batch, seq, index_ranges(graph_a), seed)
+        feeds = random_inputs(ref, batch, seq, index_ranges(graph_a), seed, past)
     names = [o.name for o in ref.get_outputs()]
     if names != [o.name for o in cand.get_outputs()]:
         raise ValueError(f"the models' outputs differ: {names} vs {[o.name for o in cand.get_outputs()]}")
-    return [diff(n, x, y, rtol, atol) for n, x, y in zip(names, run_session(ref, feeds), run_session(cand, feeds))], \
-        feeds
+    seq_a, seq_b = _seq_major(ref), _seq_major(cand)
+
+    def relaid(arrays: dict, names_from: set, names_to: set) -> dict:  # a cache tensor from one layout to the other
+        perm = {n: TO_HEADS for n in names_from - names_to} | {n: TO_SEQ for n in names_to - names_from}
+        return {k: np.ascontiguousarray(v.transpose(perm[k])) if k in perm else v for k, v in arrays.items()}
+
+    out_a = dict(zip(names, run_session(ref, feeds)))
+    out_b = relaid(dict(zip(names, run_session(cand, relaid(feeds, seq_a, seq_b)))), seq_b, seq_a)
+    return [diff(n, out_a[n], out_b[n], rtol, atol) for n in names], feeds

@@ -28,6 +28,15 @@ from ..contract import Attr, attr_ref
 SEQ_MAJOR = Attr("seq_major", "int", 0, "the cache's layout: 0 [B, Nkv, T, D], 1 [T, B, Nkv, D] (sequence first)")
 TO_HEADS = (1, 2, 0, 3)  # [T, B, Nkv, D] -> [B, Nkv, T, D]
 TO_SEQ = (2, 0, 1, 3)  # [B, Nkv, T, D] -> [T, B, Nkv, D]
+# The model's metadata_props key naming its graph inputs and outputs laid out sequence first (comma-separated), set
+# by graph_rewrites/kv_layout.py: how a caller (compare, examples/generate.py) knows which tensors to feed and read so.
+METADATA_KEY = "ort_triton.kv_seq_major"
+
+
+def seq_major_names(metadata: dict) -> set[str]:
+    """The graph inputs and outputs a model's metadata (ModelProto.metadata_props as a dict, or ORT's
+    `session.get_modelmeta().custom_metadata_map`) lays out sequence first; empty for a heads-first model."""
+    return {name for name in metadata.get(METADATA_KEY, "").split(",") if name}
 
 
 def to_heads(x, seq_major: int):

@@ -147,8 +147,10 @@ def test_compare_with_given_inputs_and_bad_arguments(tmp_path):
     src = _ln_model(tmp_path / "in.onnx", with_add=False)
     np.savez(tmp_path / "in.npz", a=np.ones((3, 32), np.float32))
     assert run_cli("compare", src, src, "--inputs", tmp_path / "in.npz").returncode == 0
-    res = run_cli("compare", src, src, "--inputs", "banana", check=False)
-    assert res.returncode == 2 and "BATCHxSEQ" in res.stderr
+    for bad in ("banana", "2x1+x", "0x4", "2x4+-1"):
+        res = run_cli("compare", src, src, "--inputs", bad, check=False)
+        assert res.returncode == 2 and "BATCHxSEQ or BATCHxSEQ+PAST" in res.stderr, (bad, res.stderr)
+    assert run_cli("compare", src, src, "--inputs", "2x1+64").returncode == 0  # PAST: only a cache reads it
     res = run_cli("compare", src, tmp_path / "missing.onnx", check=False)
     assert res.returncode == 2 and "no such file" in res.stderr
 

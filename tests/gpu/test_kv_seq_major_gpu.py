@@ -42,5 +42,5 @@ def test_seq_major_decoder_on_cuda(gpu_library, tmp_path, name, enable):
     ids = np.random.default_rng(0).integers(0, model.config.vocab_size, (2, 6))
     mask = np.ones_like(ids)
     mask[1, :2] = 0
-    tokens = greedy_io_binding(ours, model.config, ids, 12, mask, device="cuda", seq_major=True)
+    tokens = greedy_io_binding(ours, model.config, ids, 12, mask, device="cuda")  # layout: the metadata
     np.testing.assert_array_equal(tokens, decoders.greedy(ref, model.config, ids, 12, mask))

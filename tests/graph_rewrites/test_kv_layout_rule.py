@@ -10,7 +10,8 @@ import pytest
 from onnx import TensorProto, helper
 
 import graph_rewrites
-from ort_triton.ops.kv_layout import TO_SEQ
+from ort_triton.compare import compare_models
+from ort_triton.ops.kv_layout import TO_SEQ, seq_major_names
 
 
 def _export(tmp_path_factory, name, exporter):
@@ -46,9 +47,11 @@ def test_seq_major_decoder_equals_the_original(tmp_path_factory, name, exporter)
     seq_major = [n for n in out.graph.node if n.domain == "ai.ort_triton" and
                  any(a.name == "seq_major" and a.i == 1 for a in n.attribute)]
     assert len(seq_major) == 2 * layers  # each layer's cache op and its attention
-    original, relaid = _session(path), _session(out)
     past_names = decoders.input_names(model)[2:]
     present_names = decoders.output_names(model)[1:]
+    meta = {p.key: p.value for p in out.metadata_props}
+    assert seq_major_names(meta) == set(past_names + present_names), meta  # how callers know the layout
+    original, relaid = _session(path), _session(out)
     for shape in relaid.get_inputs():
         if shape.name in past_names:
             assert shape.shape[0] != "batch" and len(shape.shape) == 4, shape  # [T, B, Nkv, D]
@@ -122,14 +125,26 @@ def test_refusals_say_why(extra, present_out, reason):
                                        only=["qkv_cache"])
     assert any(reason in n for n in rep.notes), rep.notes
     assert not any(a.name == "seq_major" and a.i for n in out.graph.node for a in n.attribute)
+    assert not seq_major_names({p.key: p.value for p in out.metadata_props})
 
 
-def test_a_model_without_a_cache_op_says_so():
-    m = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
-                                            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-                                            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])]),
-                          opset_imports=[helper.make_opsetid("", 17)])
-    _, rep = graph_rewrites.optimize(m, report=True, kv_cache="seq-major")
-    assert any("no fused cache op" in n for n in rep.notes), rep.notes
-    with pytest.raises(ValueError, match="kv_cache 'rows'"):
-        graph_rewrites.optimize(m, kv_cache="rows")
+@pytest.mark.parametrize("batch, seq, past", [(2, 16, None), (2, 1, 7), (3, 5, 0)])
+def test_compare_feeds_and_reads_each_layout(tmp_path_factory, batch, seq, past):
+    """compare_models (`ort-triton compare`) on a decoder with a cache: the cache inputs sized by their dims' names
+    (a past of `past` positions, the mask past + seq), and a sequence-first model fed and read back transposed, as
+    reference or as candidate; a wrong relayout would fail."""
+    path = _export(tmp_path_factory, "llama-tiny", "dynamo")
+    relaid = graph_rewrites.optimize(path, kv_cache="seq-major")
+    diffs, feeds = compare_models(path, relaid, batch=batch, seq=seq, past=past, rtol=1e-5)
+    assert all(d.ok for d in diffs), diffs
+    p = seq if past is None else past
+    assert feeds["past_key_0"].shape == (batch, 2, p, 32) and feeds["attention_mask"].shape == (batch, p + seq)
+    assert diffs[1].name == "present_key_0" and diffs[1].shape == (batch, 2, p + seq, 32)
+    diffs, feeds = compare_models(relaid, path, batch=batch, seq=seq, past=past, rtol=1e-5)  # the other way round
+    assert all(d.ok for d in diffs) and feeds["past_key_0"].shape == (p, batch, 2, 32), diffs
+    wrong = onnx.ModelProto()
+    wrong.CopyFrom(relaid)
+    del wrong.metadata_props[:]  # without the metadata its cache is fed heads first, which ORT refuses
+    if past != 0:
+        with pytest.raises(Exception, match="invalid dimensions for input: past_"):  # noqa: B017
+            compare_models(path, wrong, batch=batch, seq=seq, past=past)
