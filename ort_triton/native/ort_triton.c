@@ -321,6 +321,14 @@ static OrtStatus *ORT_API_CALL kernel_compute(void *state, OrtKernelContext *con
     return op_status(api, ORT_INVALID_ARGUMENT, op, err);
   }
 
+  /* Outputs bound over their inputs (a cache's present over its past): the programs that would copy them stay
+   * unlaunched (each would find the pointers equal and return). */
+  if (plan.alias_grid0) {
+    int aliased = plan.n_alias > 0;
+    for (int j = 0; j < plan.n_alias; j++) aliased &= ptrs[op->n_inputs + plan.alias_out[j]] == ptrs[plan.alias_in[j]];
+    if (aliased) plan.grid[0] = plan.alias_grid0;
+  }
+
   /* Two launches that can run as one over the node's merge counters on this stream, where it has them. */
   if (plan.merge_counters) { /* the planner offers it for two launches and at most OT_MERGE_COUNTERS */
     plan.counters = merge_counters(k, stream);
@@ -639,6 +647,8 @@ static int plan_hook(const char *op_name, int elem_type, int arch, int n_inputs,
     used += snprintf(msg + used, msg_len - (size_t)used, " scratch=%zu", plan.scratch_bytes);
   if (plan.merge_counters && used > 0 && (size_t)used < msg_len) /* one launch where compute has the counters */
     used += snprintf(msg + used, msg_len - (size_t)used, " merge_counters=%zu", plan.merge_counters);
+  if (plan.alias_grid0 && used > 0 && (size_t)used < msg_len) /* the grid when outputs are bound over inputs */
+    used += snprintf(msg + used, msg_len - (size_t)used, " alias_grid=%u", plan.alias_grid0);
   const size_t triton_scratch = triton_scratch_bytes(&plan);
   if (triton_scratch && used > 0 && (size_t)used < msg_len)
     used += snprintf(msg + used, msg_len - (size_t)used, " triton_scratch=%zu", triton_scratch);

@@ -117,6 +117,12 @@ typedef struct {
    * (AddRMSNormSwiGLU: the gate's GEMM and the up's). */
   ot_gemm gemms[OT_MAX_GEMMS];
   size_t ws_offsets[OT_MAX_WS]; /* byte offsets into the workspace of the regions ptrs[OT_PTR_WS + j] name */
+  /* A plan whose last programs only copy inputs into outputs (a cache op's past into its present) launches
+   * alias_grid0 programs instead of grid[0] when the caller bound every such output over its input (output
+   * alias_out[j]'s pointer is input alias_in[j]'s, for each j < n_alias: nothing to copy). 0 programs: none. */
+  int n_alias;
+  int alias_in[2], alias_out[2];
+  unsigned alias_grid0;
 } ot_plan;
 
 /* Merge counters a node keeps per CUDA stream (ops/causal_attention.py MERGE_COUNTERS, the same number). */

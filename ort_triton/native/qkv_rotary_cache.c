@@ -8,8 +8,8 @@
  * QKVCache inputs: QKV; bias [(Nq + 2 Nkv) D]; past_key, past_value. Attributes: seq_major.
  * Outputs (all): Q [B, Nq, S, D]; present_key, present_value [B, Nkv, P + S, D].
  * seq_major (ops/kv_layout.py): past [P, B, Nkv, D], present [P + S, B, Nkv, D]; the copy of the past is then one
- * block a tensor, taken by at most COPY_PROGRAMS programs each, and skipped (the kernel's copy bits) for a present
- * whose memory is its past's.
+ * block a tensor, taken by at most COPY_PROGRAMS programs each, and skipped for a present whose memory is its past's
+ * (those programs are then not launched: ot_plan.alias_grid0; the kernel's copy bits say the same).
  * Dispatch keys: Rotary's (D, both D and W multiples of 16, half_split); QKVCache's the first two (W = D);
  * consts = (BLOCK_S, BLOCK_D, BLOCK_C, COPY_PROGRAMS).
  * Grid: one flat axis, n_new = ceil(S / BLOCK_S) * (Nq + 2 Nkv) * B programs for the new rows, then
@@ -143,6 +143,12 @@ static int plan_qkv(const ot_op *op, const qkv_op *k, const ot_desc *in, int n_i
   plan->grid[0] = (unsigned)(n_new + copies);
   plan->grid[1] = plan->grid[2] = 1;
   plan->values[0] = n_new;
+  if (sh.seq_major && copies) { /* a present bound over its past: the new rows' programs only */
+    plan->n_alias = 2;
+    plan->alias_in[0] = k->past_key, plan->alias_in[1] = k->past_value;
+    plan->alias_out[0] = OUT_PRESENT_KEY, plan->alias_out[1] = OUT_PRESENT_VALUE;
+    plan->alias_grid0 = (unsigned)n_new;
+  }
   ot_desc *q = &plan->outputs[OUT_Q], *pk = &plan->outputs[OUT_PRESENT_KEY], *pv = &plan->outputs[OUT_PRESENT_VALUE];
   *q = in[k->past_key];
   q->dims[0] = batch, q->dims[1] = nq, q->dims[2] = seq; /* [B, Nq, S, D] */

@@ -166,6 +166,8 @@ def test_plan_seq_major(lib, op, attrs, extra, qkv, past):
     n_new = _grid(nq, nkv, d, b, s, p, half, seq_major=1)[2]
     grid = int(re.search(r"grid=(\d+),", msg).group(1))
     assert grid == n_new + 2 * min(-(-p * b * nkv * d // BLOCK_C), COPY_PROGRAMS), msg
+    alias = re.search(r"alias_grid=(\d+)", msg)  # bound over its past, only the new rows' programs launch
+    assert (int(alias.group(1)) if alias else None) == (n_new if p else None), msg
     flat = msg.replace(" ", "")
     for i, shape in enumerate(((b, nq, s, d), (p + s, b, nkv, d), (p + s, b, nkv, d))):
         assert f"out{i}=[{','.join(map(str, shape))}]" in flat, msg
