@@ -163,32 +163,54 @@ class OrtRuntime:
         self.graph_ids = 0
 
     def runner(self, m: Model, feeds: dict):
+        return self._bind(m, feeds)
+
+    def _bind(self, m: Model, feeds: dict, over: dict[str, str] | None = None):
+        """A runner of self.sess over `feeds`, IO-bound: with CUDA graphs (or `over`) every output into a buffer of
+        its own, fixed for replays, else where ORT puts it. over: output -> input whose buffer the output is bound
+        over (a sequence-first present over its past: the input's buffer then sized for the output, the input in
+        its first elements). A cache tensor's layout is the model's metadata's (ops/kv_layout.seq_major_names)."""
         import onnxruntime as ort
 
+        from ..ops.kv_layout import seq_major_names
+
+        over = over or {}
         device = "cuda" if m.device == "cuda" else "cpu"
-        io = self.sess.io_binding()
-        keep = []
+        (b, s), total = feeds["input_ids"].shape, feeds["attention_mask"].shape[1]
+        relaid = seq_major_names(self.sess.get_modelmeta().custom_metadata_map)
+        np_t = np.float16 if m.dtype == "float16" else np.float32
+
+        def out_shape(name):
+            if name == "logits":
+                return [b, s, m.config.vocab_size]
+            return [total, b, m.kv_heads, m.head_dim] if name in relaid else [b, m.kv_heads, total, m.head_dim]
+
+        io, keep, buffers = self.sess.io_binding(), [], {}
+        outputs_of = {i: o for o, i in over.items()}
         for inp in self.sess.get_inputs():
-            value = ort.OrtValue.ortvalue_from_numpy(feeds[inp.name], device, 0)
-            keep.append(value)
-            io.bind_ortvalue_input(inp.name, value)
+            value = feeds[inp.name]
+            if inp.name in outputs_of:
+                full = np.zeros(out_shape(outputs_of[inp.name]), value.dtype)
+                full.reshape(-1)[:value.size] = value.reshape(-1)
+                buffers[inp.name] = buf = ort.OrtValue.ortvalue_from_numpy(full, device, 0)
+                io.bind_input(inp.name, device, 0, value.dtype, list(value.shape), buf.data_ptr())
+            else:
+                buf = ort.OrtValue.ortvalue_from_numpy(value, device, 0)
+                io.bind_ortvalue_input(inp.name, buf)
+            keep.append(buf)
         ro = ort.RunOptions()
-        if self.cuda_graph:  # fixed output buffers, one graph per shape
-            b, s = feeds["input_ids"].shape
-            total = feeds["attention_mask"].shape[1]
-            np_t = np.float16 if m.dtype == "float16" else np.float32
-            for out in self.sess.get_outputs():
-                shape = ([b, s, m.config.vocab_size] if out.name == "logits"
-                         else [b, m.kv_heads, total, m.head_dim])
-                value = ort.OrtValue.ortvalue_from_shape_and_type(shape, np_t, device, 0)
+        for out in self.sess.get_outputs():
+            if out.name in over:
+                io.bind_output(out.name, device, 0, np_t, out_shape(out.name), buffers[over[out.name]].data_ptr())
+            elif self.cuda_graph:  # fixed output buffers, one graph per shape
+                value = ort.OrtValue.ortvalue_from_shape_and_type(out_shape(out.name), np_t, device, 0)
                 keep.append(value)
                 io.bind_ortvalue_output(out.name, value)
+            else:
+                io.bind_output(out.name, device)
+        if self.cuda_graph:
             self.graph_ids += 1
             ro.add_run_config_entry("gpu_graph_id", str(self.graph_ids))
-        else:
-            for out in self.sess.get_outputs():
-                io.bind_output(out.name, device)
-
         return self._bound_run(io, ro, keep)
 
     def _bound_run(self, io, ro, keep: list):
@@ -486,44 +508,13 @@ class OrtTritonSeqMajorStatic(OrtTritonStatic):
     name, file_name, kv_cache = "ort_triton_seq_static", "ort_triton_seq", "seq-major"
 
     def runner(self, m, feeds):
-        import onnxruntime as ort
-
         from ..ops.kv_layout import TO_SEQ
 
         pasts = decoders.input_names(m.config)[2:]
-        presents = dict(zip(decoders.output_names(m.config)[1:], pasts))
         feeds = {k: np.ascontiguousarray(v.transpose(TO_SEQ)) if k in pasts else v for k, v in feeds.items()}
         self.sess = None  # one shape's session at a time
         self.sess = self.session(m, self.specialized(m, feeds))
-        device = "cuda" if m.device == "cuda" else "cpu"
-        (b, s), total = feeds["input_ids"].shape, feeds["attention_mask"].shape[1]
-        io, keep, caches = self.sess.io_binding(), [], {}
-        for name, value in feeds.items():
-            if name in pasts:  # a buffer of the present's length, the past in its first rows
-                full = np.zeros((total, *value.shape[1:]), value.dtype)
-                full[:value.shape[0]] = value
-                buf = ort.OrtValue.ortvalue_from_numpy(full, device, 0)
-                caches[name] = buf
-                io.bind_input(name, device, 0, value.dtype, list(value.shape), buf.data_ptr())
-            else:
-                buf = ort.OrtValue.ortvalue_from_numpy(value, device, 0)
-                io.bind_ortvalue_input(name, buf)
-            keep.append(buf)
-        np_t = np.float16 if m.dtype == "float16" else np.float32
-        for out in self.sess.get_outputs():
-            if out.name in presents:  # over its past
-                io.bind_output(out.name, device, 0, np_t, [total, b, m.kv_heads, m.head_dim],
-                               caches[presents[out.name]].data_ptr())
-            else:  # the logits: a fixed buffer (CUDA graphs replay into it)
-                value = ort.OrtValue.ortvalue_from_shape_and_type([b, s, m.config.vocab_size], np_t, device, 0)
-                keep.append(value)
-                io.bind_ortvalue_output(out.name, value)
-        ro = ort.RunOptions()
-        if self.cuda_graph:
-            self.graph_ids += 1
-            ro.add_run_config_entry("gpu_graph_id", str(self.graph_ids))
-
-        return self._bound_run(io, ro, keep)
+        return self._bind(m, feeds, over=dict(zip(decoders.output_names(m.config)[1:], pasts)))
 
 
 class OrtTritonSeqMajorCudaGraph(OrtTritonSeqMajorStatic):
