@@ -19,7 +19,7 @@ from onnx_ir.passes.common import TopologicalSortPass
 from ort_triton.contract import DOMAIN, DOMAIN_VERSION, MIN_OPSET
 from ort_triton.ops import BY_NAME as OPS
 
-from .kv_layout import relay_seq_major
+from .kv_layout import cache_writers, relay_seq_major
 from .registry import RULES, RuleStats, apply_rules, select
 from .static_shapes import specialize
 
@@ -221,6 +221,10 @@ def optimize(model, *, only: list[str] | None = None, disable: list[str] | None 
             notes.append(f"--kv-cache seq-major: {relaid} layer(s) relaid [T, B, Nkv, D]; bind each present over its "
                          "past (examples/generate.py)")
         notes += [f"--kv-cache seq-major: left heads first: {r}" for r in kept]
+    elif caches := cache_writers(ir_model):
+        notes.append(f"{caches} layer(s) write their KV cache heads first, as exported: each decode step copies the "
+                     "whole past into present; --kv-cache seq-major lets a caller bind each present over its past "
+                     "and copy nothing")
     if static_shapes:
         left = specialize(ir_model, static_shapes)
         if left:

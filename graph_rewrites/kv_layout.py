@@ -123,6 +123,11 @@ def _heads_first_shape(graph: ir.Graph, shape: ir.Node, perm: ir.Value, n: int) 
     graph.remove(shape, safe=True)
 
 
+def cache_writers(model: ir.Model) -> int:
+    """How many fused cache ops (WRITERS) the model's graph has, whatever their layout."""
+    return sum(_ours(n, WRITERS) for n in model.graph)
+
+
 def relay_seq_major(model: ir.Model) -> tuple[int, list[str]]:
     """Lay the cache of every fused layer out sequence first (the module's doc). Returns (layers relaid, the
     reasons the others stay heads first)."""

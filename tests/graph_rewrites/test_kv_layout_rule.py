@@ -148,3 +148,12 @@ def test_compare_feeds_and_reads_each_layout(tmp_path_factory, batch, seq, past)
     if past != 0:
         with pytest.raises(Exception, match="invalid dimensions for input: past_"):  # noqa: B017
             compare_models(path, wrong, batch=batch, seq=seq, past=past)
+
+
+def test_a_heads_first_decoder_is_told_of_the_copy(tmp_path_factory):
+    """Fused heads first (the default), the report says each decode step copies the cache and what removes it."""
+    path = _export(tmp_path_factory, "llama-tiny", "dynamo")
+    out, rep = graph_rewrites.optimize(path, report=True)
+    assert "2 layer(s) write their KV cache heads first, as exported: each decode step copies the whole past into " \
+           "present; --kv-cache seq-major lets a caller bind each present over its past and copy nothing" in rep.notes
+    assert not seq_major_names({p.key: p.value for p in out.metadata_props})
