@@ -19,6 +19,7 @@ from ort_triton.ops.qkv_rotary_cache import (
     reference_qkv_norm_rotary_cache,
     reference_qkv_rotary_cache,
 )
+from tests.ops.test_qkv_rotary_cache_kernel import check_outputs
 
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
 TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}
@@ -64,15 +65,6 @@ def _reference(op, ins):
     return reference_qkv_rotary_cache(*map(a, (qkv, cos, sin, pk, pv)), seq_major=1)
 
 
-def _check(got, want, dtype):
-    for name, g, w in zip(("Q", "present_key", "present_value"), got, want):
-        g = g.double().cpu().numpy()
-        assert g.shape == w.shape, name
-        assert np.isfinite(g).all(), f"{name}: unwritten elements"
-        if w.size:
-            assert np.abs(g - w).max() / max(np.abs(w).max(), 1e-30) < TOL[dtype], name
-
-
 @pytest.mark.parametrize("dtype", list(TOL))
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("case", CASES, ids=str)
@@ -83,7 +75,7 @@ def test_seq_major_matches_reference(case, op, dtype):
     poison = lambda *shape: torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
     out = (poison(b, nq, s, d), poison(p + s, b, nkv, d), poison(p + s, b, nkv, d))
     got = _run(op, ins, out)
-    _check(got, _reference(op, ins), dtype)
+    check_outputs(got, _reference(op, ins), TOL[dtype])
     pk, pv = (ins[2], ins[3]) if op == "bias" else (ins[3], ins[4])
     assert torch.equal(got[1][:p].cpu(), pk.cpu()) and torch.equal(got[2][:p].cpu(), pv.cpu())
 
@@ -108,7 +100,7 @@ def test_present_bound_over_its_past(case, op, dtype):
         assert _copy_bits(ins[at], ins[at + 1], bufs[0][:p + s], bufs[1][:p + s], 1) == 0
     q = torch.full((b, nq, s, d), float("nan"), dtype=dtype, device=DEVICE)
     got = _run(op, ins, (q, bufs[0][:p + s], bufs[1][:p + s]))
-    _check(got, want, dtype)
+    check_outputs(got, want, TOL[dtype])
     for buf in bufs:
         assert torch.isnan(buf[p + s:]).all()
 

@@ -71,6 +71,17 @@ def _run_and_reference(ins, interleaved, rotary_dim, out=None):
                                                                                                 rotary_dim)
 
 
+def check_outputs(got, want, tol: float) -> None:
+    """A cache op's Q, present_key and present_value (torch) against the float64 reference's (numpy): shapes, every
+    element written (outputs start poisoned), error relative to the largest reference magnitude below tol."""
+    for name, g, w in zip(("Q", "present_key", "present_value"), got, want):
+        g = g.double().cpu().numpy()
+        assert g.shape == w.shape, name
+        assert np.isfinite(g).all(), f"{name}: unwritten elements"
+        if w.size:
+            assert np.abs(g - w).max() / max(np.abs(w).max(), 1e-30) < tol, name
+
+
 @pytest.mark.parametrize("dtype", list(TOL))
 @pytest.mark.parametrize("interleaved", [0, 1])
 @pytest.mark.parametrize("norm", [False, True], ids=["rotary", "norm"])
@@ -81,12 +92,7 @@ def test_matches_reference(case, norm, interleaved, dtype):
     out = tuple(torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
                 for shape in ((b, nq, s, d), (b, nkv, p + s, d), (b, nkv, p + s, d)))
     got, want = _run_and_reference(ins, interleaved, case[6], out)
-    for name, g, w in zip(("Q", "present_key", "present_value"), got, want):
-        g = g.double().cpu().numpy()
-        assert g.shape == w.shape, name
-        assert np.isfinite(g).all(), f"{name}: unwritten elements"
-        if w.size:
-            assert np.abs(g - w).max() / max(np.abs(w).max(), 1e-30) < TOL[dtype], name
+    check_outputs(got, want, TOL[dtype])
     # the past and V are copies, bit for bit
     for g, past in ((got[1], ins[3]), (got[2], ins[4])):
         assert torch.equal(g[:, :, :p].cpu(), past.cpu())
