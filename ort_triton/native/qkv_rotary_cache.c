@@ -158,14 +158,15 @@ static int plan_qkv(const ot_op *op, const qkv_op *k, const ot_desc *in, int n_i
   return 0;
 }
 
-/* The kernels' last three parameters: B, seq_major and the copy bits (bit 0 the key's past, bit 1 the value's; a present
- * whose memory is its past's, bound so by the caller, has nothing to copy; heads first always copies). */
-static int layout_params(const qkv_op *k, const qrc_shape *sh, void *const *ptrs, uint64_t *slot, void **params, int n) {
-  const int out = k->n_inputs;
-  const int32_t v[3] = {(int32_t)sh->rope.batch, sh->seq_major,
-                        sh->seq_major ? (ptrs[out + OUT_PRESENT_KEY] != ptrs[k->past_key]) |
-                                            2 * (ptrs[out + OUT_PRESENT_VALUE] != ptrs[k->past_value])
-                                      : 3};
+/* The kernels' last three parameters: B, seq_major and the copy bits (bit j for the plan's alias pair j: 0 the key's
+ * past, 1 the value's; a present whose memory is its past's, bound so by the caller, has nothing to copy; heads first
+ * has no pairs and always copies). */
+static int layout_params(const qkv_op *k, const ot_plan *plan, const qrc_shape *sh, void *const *ptrs, uint64_t *slot,
+                         void **params, int n) {
+  int32_t copy = 3;
+  for (int j = 0; j < plan->n_alias; j++)
+    if (ptrs[k->n_inputs + plan->alias_out[j]] == ptrs[plan->alias_in[j]]) copy &= ~(1 << j);
+  const int32_t v[3] = {(int32_t)sh->rope.batch, sh->seq_major, copy};
   for (int i = 0; i < 3; i++) ot_put_param(slot, params, n++, &v[i], sizeof v[i]);
   return n;
 }
@@ -193,7 +194,7 @@ static int rotary_params(const ot_op *op, const qkv_op *k, const ot_plan *plan, 
     const float eps = (float)attrs[ATTR_EPSILON];
     ot_put_param(slot, params, n++, &eps, sizeof eps);
   }
-  return layout_params(k, &sh, ptrs, slot, params, n);
+  return layout_params(k, plan, &sh, ptrs, slot, params, n);
 }
 
 int ot_qkv_rotary_cache_params(const ot_op *op, const ot_plan *plan, const ot_desc *in, void *const *ptrs,
@@ -228,5 +229,5 @@ int ot_qkv_cache_params(const ot_op *op, const ot_plan *plan, const ot_desc *in,
   for (int i = 0; i < QKV_CACHE.n_inputs + N_OUTPUTS; i++) /* the inputs, then the outputs */
     ot_put_param(slot, params, n++, &ptrs[i], sizeof ptrs[i]);
   for (int i = 0; i < 6; i++) ot_put_param(slot, params, n++, &v[i], sizeof v[i]); /* NQ, NKV, S, P, D, n_new */
-  return layout_params(&QKV_CACHE, &sh, ptrs, slot, params, n);
+  return layout_params(&QKV_CACHE, plan, &sh, ptrs, slot, params, n);
 }
