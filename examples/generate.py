@@ -36,7 +36,7 @@ import onnx
 import onnxruntime as ort
 
 from ort_triton import decoders
-from ort_triton.ops.kv_layout import seq_major_names
+from ort_triton.ops.kv_layout import session_seq_major_names
 
 
 def greedy_io_binding(session, config, input_ids: np.ndarray, steps: int, attention_mask=None,
@@ -49,7 +49,7 @@ def greedy_io_binding(session, config, input_ids: np.ndarray, steps: int, attent
     (`ort-triton optimize --kv-cache seq-major` names the tensors it relaid)."""
     layers, kv, head_dim = decoders.cache_spec(config)
     past_names, present_names = decoders.input_names(config)[2:], decoders.output_names(config)[1:]
-    relaid = seq_major_names(session.get_modelmeta().custom_metadata_map)
+    relaid = session_seq_major_names(session)
     seq = [(p in relaid and q in relaid) if seq_major is None else seq_major for p, q in zip(past_names, present_names)]
     ort_type = next(i.type for i in session.get_inputs() if i.name == past_names[0])
     dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16}[ort_type]

@@ -143,12 +143,6 @@ def index_ranges(model) -> dict[str, int]:
     return ranges
 
 
-def _seq_major(session) -> set[str]:
-    from .ops.kv_layout import seq_major_names
-
-    return seq_major_names(session.get_modelmeta().custom_metadata_map)
-
-
 def compare_models(a, b, *, device: str = "cpu", batch: int = 2, seq: int = 16, past: int | None = None,
                    rtol: float = 1e-4, atol: float = 0.0, feeds: dict | None = None,
                    seed: int = 0) -> tuple[list[OutputDiff], dict]:
@@ -160,7 +154,7 @@ def compare_models(a, b, *, device: str = "cpu", batch: int = 2, seq: int = 16, 
     its metadata) is fed and read back transposed, so either layout compares against either."""
     import onnx
 
-    from .ops.kv_layout import TO_HEADS, TO_SEQ
+    from .ops.kv_layout import TO_HEADS, TO_SEQ, session_seq_major_names
     from .runtime import inference_session, make_session
 
     providers = ["CUDAExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
@@ -173,7 +167,7 @@ def compare_models(a, b, *, device: str = "cpu", batch: int = 2, seq: int = 16, 
     names = [o.name for o in ref.get_outputs()]
     if names != [o.name for o in cand.get_outputs()]:
         raise ValueError(f"the models' outputs differ: {names} vs {[o.name for o in cand.get_outputs()]}")
-    seq_a, seq_b = _seq_major(ref), _seq_major(cand)
+    seq_a, seq_b = session_seq_major_names(ref), session_seq_major_names(cand)
 
     def relaid(arrays: dict, names_from: set, names_to: set) -> dict:  # a cache tensor from one layout to the other
         perm = {n: TO_HEADS for n in names_from - names_to} | {n: TO_SEQ for n in names_to - names_from}

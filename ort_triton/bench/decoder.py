@@ -172,12 +172,12 @@ class OrtRuntime:
         its first elements). A cache tensor's layout is the model's metadata's (ops/kv_layout.seq_major_names)."""
         import onnxruntime as ort
 
-        from ..ops.kv_layout import seq_major_names
+        from ..ops.kv_layout import session_seq_major_names
 
         over = over or {}
         device = "cuda" if m.device == "cuda" else "cpu"
         (b, s), total = feeds["input_ids"].shape, feeds["attention_mask"].shape[1]
-        relaid = seq_major_names(self.sess.get_modelmeta().custom_metadata_map)
+        relaid = session_seq_major_names(self.sess)
         np_t = np.float16 if m.dtype == "float16" else np.float32
 
         def out_shape(name):

@@ -39,6 +39,11 @@ def seq_major_names(metadata: dict) -> set[str]:
     return {name for name in metadata.get(METADATA_KEY, "").split(",") if name}
 
 
+def session_seq_major_names(session) -> set[str]:
+    """seq_major_names of an ORT InferenceSession's model."""
+    return seq_major_names(session.get_modelmeta().custom_metadata_map)
+
+
 def to_heads(x, seq_major: int):
     """A cache tensor (numpy) in the heads-first layout the references compute in."""
     return np.asarray(x).transpose(TO_HEADS) if seq_major else np.asarray(x)
